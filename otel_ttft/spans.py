@@ -1,0 +1,144 @@
+"""Span plumbing shared by every hook: the tracer, stage tagging of vLLM's own spans, and
+"enrich vLLM's span if it is open, else open ours" so that one stage is one span.
+
+Never sets a provider: it uses whatever ``opentelemetry-instrument`` or vLLM installed, and stays
+a no-op until one exists.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from contextlib import contextmanager
+from typing import Any, Iterator, Mapping
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from otel_ttft import clock, semconv
+from otel_ttft.version import __version__
+
+logger = logging.getLogger("otel_ttft")
+
+_tracer = trace.get_tracer("otel_ttft", __version__)  # a proxy until a provider exists
+
+# Set by the first hook that knows which vLLM process this is.
+process_kind: str | None = None
+served_model: str | None = None
+
+
+def tracer() -> trace.Tracer:
+    return _tracer
+
+
+def provider_ready() -> bool:
+    """True once somebody (opentelemetry-instrument, vLLM) installed a real provider."""
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
+class StageTagger(SpanProcessor):
+    """Tags vLLM's own start-up spans with ``ttft.stage`` as they open, and feeds stage metrics.
+
+    One dict lookup per span start; it is how we build on vLLM's spans instead of duplicating them.
+    """
+
+    def on_start(self, span: Span, parent_context: Any = None) -> None:
+        stage = semconv.VLLM_SPAN_STAGES.get(span.name)
+        if stage is not None and span.is_recording():
+            span.set_attribute(semconv.ATTR_STAGE, stage)
+            if process_kind:
+                span.set_attribute(semconv.ATTR_PROCESS_KIND, process_kind)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        attrs = span.attributes or {}
+        stage = attrs.get(semconv.ATTR_STAGE)
+        if stage is None or span.end_time is None or span.start_time is None:
+            return
+        if semconv.stage_family(str(stage)) in (semconv.STAGE_LOAD, semconv.STAGE_WARMUP,
+                                                semconv.STAGE_SWITCH):
+            from otel_ttft import metrics
+
+            metrics.record_activation_stage(str(stage), (span.end_time - span.start_time) / 1e9,
+                                            served_model)
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+_tagged_providers: set[int] = set()
+
+
+def ensure_stage_tagger() -> None:
+    """Attach the StageTagger to the installed SDK provider, once per provider."""
+    provider = trace.get_tracer_provider()
+    if id(provider) in _tagged_providers or not hasattr(provider, "add_span_processor"):
+        return
+    _tagged_providers.add(id(provider))
+    provider.add_span_processor(StageTagger())
+
+
+def env_parent_context() -> otel_context.Context | None:
+    """The traceparent vLLM hands a spawned child through the environment, if any."""
+    carrier = {k: v for k in ("traceparent", "tracestate")
+               if (v := os.environ.get(k) or os.environ.get(k.upper()))}
+    return TraceContextTextMapPropagator().extract(carrier) if carrier else None
+
+
+def _tag(span: Span, stage: str | None, attributes: Mapping[str, Any] | None) -> None:
+    if stage is not None:
+        span.set_attribute(semconv.ATTR_STAGE, stage)
+    if process_kind:
+        span.set_attribute(semconv.ATTR_PROCESS_KIND, process_kind)
+    if attributes:
+        span.set_attributes({k: v for k, v in attributes.items() if v is not None})
+
+
+@contextmanager
+def stage_span(name: str, stage: str | None, *, enrich: str | None = None,
+               attributes: Mapping[str, Any] | None = None,
+               context: otel_context.Context | None = None) -> Iterator[Span]:
+    """Yield the span that measures this stage.
+
+    If vLLM already has its span ``enrich`` open around us, that span is the stage: we add our
+    attributes to it. Otherwise we open ours, on the one clock, as the current span.
+    """
+    ensure_stage_tagger()
+    current = trace.get_current_span()
+    if enrich is not None and current.is_recording() and getattr(current, "name", None) == enrich:
+        _tag(current, stage, attributes)
+        yield current
+        return
+    span = _tracer.start_span(name, context=context, start_time=clock.now_ns())
+    _tag(span, stage, attributes)
+    token = otel_context.attach(trace.set_span_in_context(span))
+    try:
+        yield span
+    except BaseException as exc:
+        span.record_exception(exc)
+        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        raise
+    finally:
+        otel_context.detach(token)
+        span.end(end_time=clock.now_ns())
+
+
+def emit_span(name: str, start_ns: int, end_ns: int, *, stage: str | None = None,
+              context: otel_context.Context | None = None,
+              attributes: Mapping[str, Any] | None = None,
+              kind: SpanKind = SpanKind.INTERNAL) -> Span:
+    """A finished span from timestamps already taken (one clock, epoch ns)."""
+    span = _tracer.start_span(name, context=context, start_time=start_ns, kind=kind)
+    _tag(span, stage, attributes)
+    span.end(end_time=max(end_ns, start_ns))
+    return span
+
+
+def span_start_ns(span: Span) -> int | None:
+    """Start time of an SDK span, or None for non-recording ones."""
+    return getattr(span, "start_time", None)
