@@ -1,4 +1,4 @@
-"""otel-ttft: why the first token was slow, as OpenTelemetry spans and metrics from every vLLM process."""
+"""otel-ttft: why the first token was slow, as spans and metrics from every vLLM process."""
 
 from otel_ttft.version import __version__
 

@@ -3,7 +3,7 @@ above 10 s (a cold start of a large model takes minutes; SDK defaults stop at 10
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 from opentelemetry import metrics
@@ -12,7 +12,7 @@ from otel_ttft import semconv
 from otel_ttft.version import __version__
 
 
-@lru_cache(maxsize=None)
+@cache
 def _instruments() -> dict[str, Any]:
     meter = metrics.get_meter("otel_ttft", __version__)
     return {

@@ -1,0 +1,1 @@
+"""Spans in (store, OTLP JSON) -> trees, coverage, per-stage time -> text."""

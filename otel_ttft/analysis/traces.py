@@ -1,0 +1,255 @@
+"""Load spans from wherever they were collected and arrange them into trees.
+
+Inputs: a ``SpanStore`` directory, its ``spans.jsonl``, or an OTLP/JSON file as the Collector's
+file exporter writes it (one export request per line, or one object). The tree functions answer
+the two questions every report starts with: how much of a span its children explain
+(``coverage``), and which stage each instant of an activation belongs to (``self_time_by_stage``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from otel_ttft import semconv
+from otel_ttft.sink import otlp_decode
+from otel_ttft.sink.store import SPANS_FILE
+
+UNATTRIBUTED = "unattributed"
+_NS = 1e9
+_OTLP_TRACE_KEYS = ("resourceSpans", "resource_spans")
+_OTLP_OTHER_KEYS = ("resourceMetrics", "resource_metrics", "resourceLogs", "resource_logs")
+_REQUIRED = {"trace_id": str, "span_id": str, "name": str, "start_ns": int, "end_ns": int}
+
+
+class TraceFileError(ValueError):
+    """Input that is missing or not spans; says which file and, when known, which line."""
+
+    def __init__(self, path: str | Path, lineno: int | None, reason: str) -> None:
+        where = f"{path}:{lineno}" if lineno else str(path)
+        super().__init__(f"{where}: {reason}")
+        self.path, self.lineno, self.reason = Path(path), lineno, reason
+
+
+# --- loading ------------------------------------------------------------------------------------
+def load_spans(path: str | Path) -> list[dict]:
+    """Normalized spans from a store directory, a ``spans.jsonl`` file or an OTLP/JSON file."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / SPANS_FILE
+        if not path.is_file():
+            raise TraceFileError(path.parent, None, f"no {SPANS_FILE} in this directory")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TraceFileError(path, None, "no such file or directory") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceFileError(path, None, f"cannot read: {exc}") from None
+    spans: list[dict] = []
+    for lineno, obj in _json_objects(path, text):
+        spans.extend(_spans_from_object(path, lineno, obj))
+    return spans
+
+
+def _json_objects(path: Path, text: str) -> Iterator[tuple[int, Any]]:
+    """JSON lines; or the whole file as one JSON value when its first line is not one."""
+    lines = text.split("\n")
+    numbered = [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
+    if not numbered:
+        raise TraceFileError(path, None, "empty file")
+    try:
+        first = json.loads(numbered[0][1])
+    except ValueError:
+        try:
+            yield 1, json.loads(text)
+            return
+        except json.JSONDecodeError as exc:
+            raise TraceFileError(path, exc.lineno, f"not JSON ({exc.msg})") from None
+    yield numbered[0][0], first
+    for lineno, line in numbered[1:]:
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if lineno == len(lines) and not text.endswith("\n"):
+                return  # a truncated last line: an interrupted write, not bad input
+            raise TraceFileError(path, lineno, f"not JSON ({exc.msg})") from None
+        yield lineno, obj
+
+
+def _spans_from_object(path: Path, lineno: int, obj: Any) -> list[dict]:
+    if isinstance(obj, list):
+        return [s for item in obj for s in _spans_from_object(path, lineno, item)]
+    if not isinstance(obj, dict):
+        raise TraceFileError(path, lineno, f"expected a JSON object, got {type(obj).__name__}")
+    if any(k in obj for k in _OTLP_TRACE_KEYS):
+        try:
+            return otlp_decode.decode_trace_request(otlp_decode.trace_request_from_json(obj))
+        except otlp_decode.OTLPDecodeError as exc:
+            raise TraceFileError(path, lineno, str(exc)) from None
+    if any(k in obj for k in _OTLP_OTHER_KEYS):
+        return []  # metrics or logs in the same file: not spans
+    if "span_id" in obj or "trace_id" in obj:
+        for key, typ in _REQUIRED.items():
+            if not isinstance(obj.get(key), typ) or isinstance(obj.get(key), bool):
+                raise TraceFileError(path, lineno, f"span without a valid {key!r}")
+        return [obj]
+    raise TraceFileError(path, lineno, "neither a span nor an OTLP/JSON trace export request")
+
+
+# --- trees --------------------------------------------------------------------------------------
+@dataclass
+class SpanNode:
+    """One span and its children, sorted by start time."""
+
+    span: dict
+    children: list[SpanNode] = field(default_factory=list)
+    parent: SpanNode | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def name(self) -> str:
+        return self.span.get("name", "")
+
+    @property
+    def span_id(self) -> str:
+        return self.span.get("span_id", "")
+
+    @property
+    def trace_id(self) -> str:
+        return self.span.get("trace_id", "")
+
+    @property
+    def start_ns(self) -> int:
+        return int(self.span.get("start_ns", 0))
+
+    @property
+    def end_ns(self) -> int:
+        return max(int(self.span.get("end_ns", 0)), self.start_ns)
+
+    @property
+    def duration_s(self) -> float:
+        return (self.end_ns - self.start_ns) / _NS
+
+    @property
+    def attributes(self) -> dict:
+        return self.span.get("attributes") or {}
+
+    @property
+    def resource(self) -> dict:
+        return self.span.get("resource") or {}
+
+    @property
+    def stage(self) -> str | None:
+        stage = self.attributes.get(semconv.ATTR_STAGE)
+        return stage if isinstance(stage, str) and stage else None
+
+    def walk(self) -> Iterator[SpanNode]:
+        """This node and every descendant, depth first, in start order."""
+        stack = [self]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(reversed(node.children))
+
+
+def build_trees(spans: Iterable[dict]) -> dict[str, list[SpanNode]]:
+    """trace id -> root nodes by start time. A span whose parent is absent is a root; a span
+    exported twice counts once (the last copy wins)."""
+    by_trace: dict[str, dict[str, dict]] = {}
+    for span in spans:
+        by_trace.setdefault(span["trace_id"], {})[span["span_id"]] = span
+    trees: dict[str, list[SpanNode]] = {}
+    for trace_id, members in by_trace.items():
+        nodes = {sid: SpanNode(span) for sid, span in members.items()}
+        roots = []
+        for sid, node in nodes.items():
+            parent_id = node.span.get("parent_span_id")
+            if parent_id in nodes and not _closes_cycle(sid, parent_id, members):
+                node.parent = nodes[parent_id]
+                node.parent.children.append(node)
+            else:
+                roots.append(node)
+        for node in nodes.values():
+            node.children.sort(key=_order)
+        trees[trace_id] = sorted(roots, key=_order)
+    return trees
+
+
+def _order(node: SpanNode) -> tuple[int, int, str]:
+    return node.start_ns, -node.end_ns, node.name
+
+
+def _closes_cycle(span_id: str, parent_id: str, members: dict[str, dict]) -> bool:
+    seen = {span_id}
+    current: str | None = parent_id
+    while current in members:
+        if current in seen:
+            return True
+        seen.add(current)
+        current = members[current].get("parent_span_id")
+    return False
+
+
+def iter_nodes(trees: dict[str, list[SpanNode]]) -> Iterator[SpanNode]:
+    for roots in trees.values():
+        for root in roots:
+            yield from root.walk()
+
+
+def find_activation_roots(spans: Iterable[dict]) -> list[SpanNode]:
+    """Every ``vllm.activation`` span (with its subtree), by start time."""
+    found = [n for n in iter_nodes(build_trees(spans)) if n.name == semconv.SPAN_ACTIVATION]
+    return sorted(found, key=_order)
+
+
+# --- time accounting ----------------------------------------------------------------------------
+def _union_ns(intervals: Iterable[tuple[int, int]]) -> int:
+    total, cur_start, cur_end = 0, None, None
+    for start, end in sorted(intervals):
+        if cur_end is None or start > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    if cur_end is not None:
+        total += cur_end - cur_start
+    return total
+
+
+def coverage(node: SpanNode) -> float:
+    """Fraction of the node's wall time covered by the union of its direct children, each clipped
+    to the node. A zero-length node counts as fully covered."""
+    length = node.end_ns - node.start_ns
+    if length <= 0:
+        return 1.0
+    clipped = [
+        (max(c.start_ns, node.start_ns), min(c.end_ns, node.end_ns)) for c in node.children
+    ]
+    return _union_ns((s, e) for s, e in clipped if e > s) / length
+
+
+def self_time_by_stage(root: SpanNode) -> dict[str, float]:
+    """Seconds of the root's interval per stage: each instant goes to the deepest span covering it
+    that carries ``ttft.stage``; instants no stage span covers go to ``unattributed``."""
+    lo, hi = root.start_ns, root.end_ns
+    staged: list[tuple[int, int, int, int, str]] = []  # start, end, depth, order, stage
+    stack = [(root, 0)]
+    while stack:
+        node, depth = stack.pop()
+        stack.extend((child, depth + 1) for child in node.children)
+        start, end = max(node.start_ns, lo), min(node.end_ns, hi)
+        if node.stage and end > start:
+            staged.append((start, end, depth, node.start_ns, node.stage))
+    result: dict[str, float] = {}
+    if hi <= lo:
+        return result
+    bounds = sorted({lo, hi, *(s for s, *_ in staged), *(e for _, e, *_ in staged)})
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        covering = [item for item in staged if item[0] <= a and item[1] >= b]
+        # deepest wins; among equals, the one that started last (the innermost in practice)
+        stage = max(covering, key=lambda i: (i[2], i[3]))[4] if covering else UNATTRIBUTED
+        result[stage] = result.get(stage, 0.0) + (b - a) / _NS
+    return result

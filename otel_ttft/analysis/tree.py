@@ -1,0 +1,143 @@
+"""A span tree as text: what a newcomer reads first to see where an activation's time went."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from otel_ttft import semconv
+from otel_ttft.analysis.traces import SpanNode, coverage, self_time_by_stage
+
+# Resource attribute the plugin may set per process; ttft.process.kind on the span wins.
+RESOURCE_PROCESS_KIND = "vllm.process_kind"
+
+
+def format_duration(seconds: float) -> str:
+    """Milliseconds below one second, seconds above."""
+    if abs(seconds) < 0.01:
+        return f"{seconds * 1e3:.2f} ms"
+    if abs(seconds) < 1:
+        return f"{seconds * 1e3:.1f} ms"
+    if abs(seconds) < 100:
+        return f"{seconds:.2f} s"
+    return f"{seconds:.0f} s"
+
+
+def format_bytes(n: float) -> str:
+    """Decimal units, to match GB/s."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _fmt(label: str, render: Callable[[float], str]) -> Callable[[Any], str | None]:
+    def fmt(value: Any) -> str | None:
+        number = _num(value)
+        return None if number is None else f"{label}{render(number)}"
+    return fmt
+
+
+def _text(label: str, render: Callable[[Any], str] = str) -> Callable[[Any], str | None]:
+    return lambda v: None if v is None or v == "" else f"{label}{render(v)}"
+
+
+def _gbps(v: float) -> str:
+    return f"{v:.2f} GB/s"
+
+
+def _percent(v: float) -> str:
+    return f"{v * 100:.0f}%"
+
+
+def _int(v: float) -> str:
+    return f"{v:.0f}"
+
+
+# (attribute key, formatter) in display order: the numbers that explain a slow stage.
+KEY_NUMBERS: tuple[tuple[str, Callable[[Any], str | None]], ...] = (
+    (semconv.ATTR_SHARD_PATH, _text("", lambda v: os.path.basename(str(v)))),
+    (semconv.ATTR_LOAD_SHARDS, _fmt("shards ", _int)),
+    (semconv.ATTR_SHARD_BYTES, _fmt("", format_bytes)),
+    (semconv.ATTR_LOAD_BYTES, _fmt("read ", format_bytes)),
+    (semconv.ATTR_READ_GB_PER_S, _fmt("", _gbps)),
+    (semconv.ATTR_LOAD_GB_PER_S, _fmt("", _gbps)),
+    (semconv.ATTR_PAGE_CACHE_RESIDENT, _fmt("page cache ", _percent)),
+    (semconv.ATTR_FS_TYPE, _text("fs ")),
+    (semconv.ATTR_LOAD_MODEL_BYTES, _fmt("model ", format_bytes)),
+    (semconv.ATTR_H2D_BYTES, _fmt("h2d ", format_bytes)),
+    (semconv.ATTR_H2D_GB_PER_S, _fmt("h2d ", _gbps)),
+    (semconv.ATTR_COMPILE_CACHE_HIT, _text("compile cache ", lambda v: "hit" if v else "miss")),
+    (semconv.ATTR_COMPILE_GRAPHS, _fmt("compiled graphs ", _int)),
+    (semconv.ATTR_GRAPH_COUNT, _fmt("graphs ", _int)),
+    (semconv.ATTR_GRAPH_MEMORY_BYTES, _fmt("graph mem ", format_bytes)),
+    (semconv.ATTR_KV_BLOCKS, _fmt("kv blocks ", _int)),
+    (semconv.ATTR_KV_BYTES, _fmt("kv ", format_bytes)),
+    (semconv.ATTR_HOOK_ERROR, _text("hook error: ")),
+)
+
+
+def process_kind(node: SpanNode) -> str | None:
+    kind = node.attributes.get(semconv.ATTR_PROCESS_KIND) or node.resource.get(
+        RESOURCE_PROCESS_KIND
+    )
+    return str(kind) if kind else None
+
+
+def describe(node: SpanNode, root_start_ns: int) -> str:
+    """One line of facts about a span (without the tree prefix)."""
+    parts = [node.name or "(unnamed)"]
+    if node.stage:
+        parts.append(f"[{node.stage}]")
+    parts.append(format_duration(node.duration_s))
+    offset = (node.start_ns - root_start_ns) / 1e9
+    parts.append(f"@{'+' if offset >= 0 else '-'}{format_duration(abs(offset))}")
+    kind = process_kind(node)
+    if kind:
+        parts.append(f"({kind})")
+    numbers = [text for key, fmt in KEY_NUMBERS if (text := fmt(node.attributes.get(key)))]
+    if numbers:
+        parts.append("  " + ", ".join(numbers))
+    return " ".join(parts)
+
+
+def _count(node: SpanNode) -> int:
+    return sum(1 for _ in node.walk()) - 1
+
+
+def render_tree(root: SpanNode, *, max_depth: int | None = None) -> str:
+    """The tree, one span per line, then root coverage and self time per stage."""
+    lines = [describe(root, root.start_ns)]
+
+    def visit(node: SpanNode, prefix: str, depth: int) -> None:
+        for i, child in enumerate(node.children):
+            last = i == len(node.children) - 1
+            line = prefix + ("└─ " if last else "├─ ") + describe(child, root.start_ns)
+            if max_depth is not None and depth + 1 >= max_depth and child.children:
+                lines.append(f"{line}  (+{_count(child)} spans hidden)")
+                continue
+            lines.append(line)
+            visit(child, prefix + ("   " if last else "│  "), depth + 1)
+
+    if max_depth is not None and max_depth <= 0 and root.children:
+        lines[0] += f"  (+{_count(root)} spans hidden)"
+    else:
+        visit(root, "", 0)
+    lines.append("")
+    lines.append(f"coverage: {coverage(root) * 100:.1f}% of {root.name!r} "
+                 f"({format_duration(root.duration_s)}) is covered by its direct children")
+    stages = sorted(self_time_by_stage(root).items(), key=lambda kv: (-kv[1], kv[0]))
+    total = root.duration_s or 1.0
+    lines.append("self time by stage:")
+    width = max((len(stage) for stage, _ in stages), default=0)
+    for stage, seconds in stages:
+        lines.append(f"  {stage:<{width}}  {format_duration(seconds):>10}  "
+                     f"{seconds / total * 100:5.1f}%")
+    return "\n".join(lines)

@@ -1,0 +1,16 @@
+"""Hooks, one module per stage family. Each hook is data (see registry.Hook)."""
+
+from __future__ import annotations
+
+from otel_ttft.hooks.registry import Hook
+
+
+def all_hooks() -> list[Hook]:
+    from otel_ttft.hooks import activation, load, rpc, warmup
+
+    hooks = [*activation.HOOKS, *load.HOOKS, *warmup.HOOKS, *rpc.HOOKS]
+    try:
+        from otel_ttft.hooks import request
+    except ImportError:
+        return hooks
+    return hooks + list(getattr(request, "HOOKS", []))

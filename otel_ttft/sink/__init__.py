@@ -1,0 +1,1 @@
+"""Embedded OTLP receiver and append-only local store: telemetry with no stack to run."""
