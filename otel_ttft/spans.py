@@ -84,11 +84,41 @@ def ensure_stage_tagger() -> None:
     provider.add_span_processor(StageTagger())
 
 
+def _initial_environ() -> dict[str, str]:
+    """The environment this process was exec'd with.
+
+    vLLM's ``propagate_trace_to_env`` rewrites ``os.environ["traceparent"]`` around each of its
+    spans, so by the time a plugin loads, os.environ names a span of this very process.
+    """
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return dict(os.environ)
+    env = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode(errors="replace")] = value.decode(errors="replace")
+    return env
+
+
 def env_parent_context() -> otel_context.Context | None:
-    """The traceparent vLLM hands a spawned child through the environment, if any."""
-    carrier = {k: v for k in ("traceparent", "tracestate")
-               if (v := os.environ.get(k) or os.environ.get(k.upper()))}
+    """The traceparent the parent process handed us at spawn (vLLM passes it in the env)."""
+    env = _initial_environ()
+    carrier = {k: v for k in ("traceparent", "tracestate") if (v := env.get(k) or env.get(k.upper()))}
     return TraceContextTextMapPropagator().extract(carrier) if carrier else None
+
+
+def flush_async() -> None:
+    """Export what this process has so far without blocking vLLM: a child can be killed at
+    shutdown before its batch processor's next tick, and its start-up spans would be lost."""
+    provider = trace.get_tracer_provider()
+    flush = getattr(provider, "force_flush", None)
+    if flush is not None:
+        import threading
+
+        threading.Thread(target=flush, name="otel-ttft-flush", daemon=True).start()
 
 
 def _tag(span: Span, stage: str | None, attributes: Mapping[str, Any] | None) -> None:

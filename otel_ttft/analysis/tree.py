@@ -50,7 +50,8 @@ def _text(label: str, render: Callable[[Any], str] = str) -> Callable[[Any], str
 
 
 def _gbps(v: float) -> str:
-    return f"{v:.2f} GB/s"
+    """GB/s, switching to MB/s below 1 GB/s so slow reads keep their digits."""
+    return f"{v:.2f} GB/s" if abs(v) >= 1 else f"{v * 1e3:.3g} MB/s"
 
 
 def _percent(v: float) -> str:
@@ -98,7 +99,8 @@ def describe(node: SpanNode, root_start_ns: int) -> str:
         parts.append(f"[{node.stage}]")
     parts.append(format_duration(node.duration_s))
     offset = (node.start_ns - root_start_ns) / 1e9
-    parts.append(f"@{'+' if offset >= 0 else '-'}{format_duration(abs(offset))}")
+    sign = "-" if offset < -5e-6 else "+"  # sub-rounding offsets print as +0
+    parts.append(f"@{sign}{format_duration(abs(offset))}")
     kind = process_kind(node)
     if kind:
         parts.append(f"({kind})")

@@ -184,6 +184,7 @@ async def _wrap_serve_http(call, instance, args, kwargs):
     finally:
         otel_context.detach(token)
     end_root()
+    spans.flush_async()
     return result
 
 
@@ -217,7 +218,14 @@ def on_plugin_loaded() -> None:
     kind = {"EngineCoreProc init": ENGINE_CORE, "Worker init": WORKER}.get(name or "")
     if kind is None or not current.is_recording():
         return
+    spans.StageTagger().on_start(current)  # it opened before our tagger was attached
     emit_process_start(kind, spans.env_parent_context(), end_ns=spans.span_start_ns(current))
+
+
+def _wrap_busy_loop(call, instance, args, kwargs):
+    """EngineCore is ready once its busy loop starts: export its start-up spans now."""
+    spans.flush_async()
+    return call(*args, **kwargs)
 
 
 # --- wake-up from sleep: an activation of its own, rooted in EngineCore --------------------------
@@ -266,7 +274,8 @@ def _wrap_worker_wake_up(call, instance, args, kwargs):
 _ENTRY = "vllm.entrypoints.launchers.api_server.entry"
 _CORE = "vllm.v1.engine.core"
 HOOKS = [
-    Hook("activation.api_setup", "vllm.entrypoints.launchers.launcher:setup_server",
+    # entry.py imports setup_server/serve_http by name: patch them where they are used.
+    Hook("activation.api_setup", f"{_ENTRY}:setup_server",
          _wrap_api_call, stage=semconv.STAGE_WARMUP_FRONTEND, process=API_SERVER),
     Hook("activation.engine_config", "vllm.engine.arg_utils:EngineArgs.create_engine_config",
          _wrap_named_api_call(semconv.SPAN_ENGINE_CONFIG, semconv.STAGE_WARMUP_FRONTEND),
@@ -278,7 +287,7 @@ HOOKS = [
          _wrap_api_call, stage=semconv.STAGE_WARMUP, process=API_SERVER),
     Hook("activation.api_ready", f"{_ENTRY}:build_and_serve", _wrap_build_and_serve,
          stage=semconv.STAGE_WARMUP_FRONTEND, process=API_SERVER, guarded=False),
-    Hook("activation.ready", "vllm.entrypoints.launchers.launcher:serve_http", _wrap_serve_http,
+    Hook("activation.ready", f"{_ENTRY}:serve_http", _wrap_serve_http,
          process=API_SERVER, guarded=False),
     Hook("activation.failed", f"{_ENTRY}:run_server_worker", _wrap_run_server_worker,
          process=API_SERVER, guarded=False),
@@ -287,6 +296,8 @@ HOOKS = [
          process=ENGINE_CORE),
     Hook("activation.worker_start", "vllm.v1.executor.multiproc_executor:WorkerProc.__init__",
          _wrap_child_init(WORKER), stage=semconv.STAGE_WARMUP_PROCESS_START, process=WORKER),
+    Hook("activation.engine_core_ready", f"{_CORE}:EngineCoreProc.run_busy_loop", _wrap_busy_loop,
+         process=ENGINE_CORE),
     Hook("switch.engine_sleep", f"{_CORE}:EngineCore.sleep", _wrap_engine_sleep,
          stage=semconv.STAGE_SWITCH_SLEEP, process=ENGINE_CORE),
     Hook("switch.engine_wake_up", f"{_CORE}:EngineCore.wake_up", _wrap_engine_wake_up,

@@ -25,6 +25,9 @@ TRACED_RPC_METHODS = frozenset({
 })
 
 
+LAST_STARTUP_METHOD = "compile_or_warm_up_model"
+
+
 class TracedCall:
     """Runs ``worker.<method>(*args, **kwargs)`` under the caller's trace context."""
 
@@ -38,6 +41,10 @@ class TracedCall:
             return getattr(worker, self.method)(*args, **kwargs)
         finally:
             otel_context.detach(token)
+            if self.method == LAST_STARTUP_METHOD:
+                from otel_ttft import spans
+
+                spans.flush_async()
 
     def __repr__(self) -> str:  # vLLM logs the method on failure
         return self.method

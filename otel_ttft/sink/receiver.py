@@ -67,7 +67,8 @@ class OTLPReceiver:
         if not allow_non_loopback and not is_loopback(host):
             raise ValueError(
                 f"refusing to bind OTLP receiver to non-loopback address {host!r}: it accepts "
-                "unauthenticated writes; pass allow_non_loopback=True to do it anyway"
+                "unauthenticated writes (allow_non_loopback=True, or --allow-non-loopback, "
+                "to do it anyway)"
             )
         self.store = store
         self.host = host
