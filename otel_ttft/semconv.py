@@ -70,7 +70,7 @@ SPAN_SLEEP = "Sleep"
 SPAN_WAKE_UP = "Wake up"
 SPAN_ADAPTER_LOAD = "Load LoRA adapter"
 
-# vLLM 0.32's own @instrument spans -> the stage they measure. We tag them on start, never re-open them.
+# vLLM 0.32's own @instrument spans -> the stage they measure; tagged on start, never re-opened.
 VLLM_SPAN_STAGES: dict[str, str] = {
     "API server setup": STAGE_WARMUP_FRONTEND,
     "Overall Loading": STAGE_WARMUP,

@@ -106,7 +106,8 @@ def _initial_environ() -> dict[str, str]:
 def env_parent_context() -> otel_context.Context | None:
     """The traceparent the parent process handed us at spawn (vLLM passes it in the env)."""
     env = _initial_environ()
-    carrier = {k: v for k in ("traceparent", "tracestate") if (v := env.get(k) or env.get(k.upper()))}
+    carrier = {k: v for k in ("traceparent", "tracestate")
+               if (v := env.get(k) or env.get(k.upper()))}
     return TraceContextTextMapPropagator().extract(carrier) if carrier else None
 
 

@@ -89,8 +89,8 @@ def ensure_root() -> trace.Span | None:
         spans.process_kind = API_SERVER
         spans.ensure_stage_tagger()
         start_ns = clock.process_start_ns() or clock.now_ns()
-        root = spans.tracer().start_span(semconv.SPAN_ACTIVATION, context=spans.env_parent_context(),
-                                         start_time=start_ns)
+        root = spans.tracer().start_span(semconv.SPAN_ACTIVATION,
+                                         context=spans.env_parent_context(), start_time=start_ns)
         root.set_attributes({semconv.ATTR_ACTIVATION_KIND: "start",
                              semconv.ATTR_PROCESS_KIND: API_SERVER,
                              semconv.PROCESS_PID: _pid()})
@@ -283,7 +283,8 @@ HOOKS = [
     Hook("activation.engine_client", "vllm.v1.engine.async_llm:AsyncLLM.__init__",
          _wrap_named_api_call(semconv.SPAN_ENGINE_CLIENT, semconv.STAGE_WARMUP),
          stage=semconv.STAGE_WARMUP, process=API_SERVER),
-    Hook("activation.engine_start", "vllm.v1.engine.core_client:EngineCoreClient.make_async_mp_client",
+    Hook("activation.engine_start",
+         "vllm.v1.engine.core_client:EngineCoreClient.make_async_mp_client",
          _wrap_api_call, stage=semconv.STAGE_WARMUP, process=API_SERVER),
     Hook("activation.api_ready", f"{_ENTRY}:build_and_serve", _wrap_build_and_serve,
          stage=semconv.STAGE_WARMUP_FRONTEND, process=API_SERVER, guarded=False),

@@ -188,7 +188,8 @@ def _wrap_process_weights(call, instance, args, kwargs):
 
 SAFE_OPEN = Hook("load.shard_read", f"{_WEIGHT_UTILS}:safe_open", _wrap_safe_open,
                  stage=semconv.STAGE_LOAD_READ, process="worker")
-GET_ALL_WEIGHTS = Hook("load.weights_total", f"{_DEFAULT_LOADER}:DefaultModelLoader.get_all_weights",
+GET_ALL_WEIGHTS = Hook("load.weights_total",
+                       f"{_DEFAULT_LOADER}:DefaultModelLoader.get_all_weights",
                        _wrap_get_all_weights, stage=semconv.STAGE_LOAD, process="worker")
 PROCESS_WEIGHTS = Hook("load.process_weights",
                        "vllm.model_executor.model_loader.base_loader:process_weights_after_loading",

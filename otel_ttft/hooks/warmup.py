@@ -1,4 +1,4 @@
-"""``warmup``: device-context creation, profile run, torch.compile, CUDA graph capture, KV allocation.
+"""``warmup``: device-context creation, profile run, torch.compile, graph capture, KV allocation.
 
 Where vLLM already opens the span ("Allocate KV cache", "Capture model", "Init device" on GPU) we
 hook a call *inside* it and add our numbers to that span; where it opens none (device init on CPU,
