@@ -112,10 +112,14 @@ def resolve(hook: Hook) -> tuple[bool, str]:
         obj: Any = importlib.import_module(hook.module)
     except Exception as exc:  # noqa: BLE001 - any import failure means "not here"
         return False, f"module {hook.module} not importable: {exc.__class__.__name__}: {exc}"
-    for part in hook.qualname.split("."):
-        if not hasattr(obj, part):
-            return False, f"{hook.module} has no {hook.qualname}"
-        obj = getattr(obj, part)
+    *owners, attr = hook.qualname.split(".")
+    for part in owners:
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return False, f"{hook.module} has no {'.'.join(owners)}"
+    if attr not in getattr(obj, "__dict__", {}):
+        return False, f"{hook.module} defines no {hook.qualname} (moved or inherited)"
+    obj = getattr(obj, attr)
     if not callable(obj):
         return False, f"{hook.target} is not callable"
     return True, "ok"

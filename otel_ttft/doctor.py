@@ -1,0 +1,124 @@
+"""``otel-ttft doctor``: which hooks are live against the installed vLLM, and where spans go.
+
+Exit 0 when at least one hook can instrument vLLM, 1 when nothing can (no vLLM, an unsupported
+version with every target moved), so a deploy script can gate on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+from importlib.metadata import entry_points
+from typing import Any
+from urllib.parse import urlparse
+
+from otel_ttft.hooks import all_hooks
+from otel_ttft.hooks.registry import resolve
+from otel_ttft.vllm_version import SUPPORTED, installed_vllm, is_supported
+
+_ENTRY_POINT_GROUPS = ("opentelemetry_instrumentor", "vllm.general_plugins",
+                       "opentelemetry_distro", "opentelemetry_configurator")
+
+
+def _vllm_module_version() -> str | None:
+    try:
+        import vllm
+
+        return str(getattr(vllm, "__version__", "unknown"))
+    except Exception:  # noqa: BLE001 - a broken install is something doctor reports
+        return None
+
+
+def _endpoint() -> tuple[str | None, str]:
+    for var in ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"):
+        if os.environ.get(var):
+            return os.environ[var], var
+    return None, "default (localhost:4317 grpc / :4318 http)"
+
+
+def _reachable(url: str | None, timeout_s: float = 1.0) -> bool | None:
+    if url is None:
+        return None
+    parsed = urlparse(url if "://" in url else f"http://{url}")
+    if not parsed.hostname:
+        return None
+    port = parsed.port or (443 if parsed.scheme == "https" else 4317)
+    try:
+        with socket.create_connection((parsed.hostname, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def collect() -> dict[str, Any]:
+    """Everything doctor knows, as data (the text report and --json both come from it)."""
+    dist = installed_vllm()
+    module_version = _vllm_module_version()
+    hooks = []
+    for hook in all_hooks():
+        ok, detail = resolve(hook) if module_version is not None else (False, "vllm not importable")
+        hooks.append({"name": hook.name, "target": hook.target, "process": hook.process,
+                      "stage": hook.stage, "resolved": ok, "optional": hook.optional,
+                      "detail": detail})
+    ours = {group: [ep.name for ep in entry_points(group=group) if ep.value.startswith("otel_ttft")]
+            for group in _ENTRY_POINT_GROUPS}
+    endpoint, source = _endpoint()
+    return {
+        "vllm": {"distribution": dist[0] if dist else None, "version": dist[1] if dist else None,
+                 "module_version": module_version, "supported_range": SUPPORTED,
+                 "supported": bool(dist and is_supported(dist[1]))},
+        "hooks": hooks,
+        "entry_points": ours,
+        "export": {"traces_exporter": os.environ.get("OTEL_TRACES_EXPORTER", "otlp (our distro)"),
+                   "metrics_exporter": os.environ.get("OTEL_METRICS_EXPORTER", "otlp (our distro)"),
+                   "protocol": os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+                   "endpoint": endpoint, "endpoint_source": source,
+                   "endpoint_reachable": _reachable(endpoint)},
+    }
+
+
+def render(report: dict[str, Any]) -> str:
+    v = report["vllm"]
+    lines = []
+    if v["module_version"] is None:
+        lines.append("vLLM: not importable")
+    else:
+        dist = f"{v['distribution']} {v['version']}" if v["distribution"] else "no distribution"
+        support = ("supported" if v["supported"]
+                   else f"NOT in the tested range {v['supported_range']}")
+        lines.append(f"vLLM: module {v['module_version']} ({dist}); {support}")
+    live = [h for h in report["hooks"] if h["resolved"]]
+    lines.append(f"hooks: {len(live)} of {len(report['hooks'])} targets resolve")
+    for h in report["hooks"]:
+        mark = "ok     " if h["resolved"] else "absent " if h["optional"] else "MISSING"
+        detail = "" if h["resolved"] else f"  ({h['detail']})"
+        lines.append(f"  {mark} {h['name']:<28} {h['target']}{detail}")
+    for group, names in report["entry_points"].items():
+        lines.append(f"entry point {group}: {', '.join(names) or 'NOT REGISTERED'}")
+    e = report["export"]
+    reach = {True: "reachable", False: "NOT reachable",
+             None: "not checked"}[e["endpoint_reachable"]]
+    lines.append(f"export: traces={e['traces_exporter']} metrics={e['metrics_exporter']} "
+                 f"protocol={e['protocol']} endpoint={e['endpoint'] or e['endpoint_source']} "
+                 f"({reach})")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="otel-ttft doctor", description=__doc__)
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = parser.parse_args(argv)
+    report = collect()
+    print(json.dumps(report, indent=2) if args.json else render(report))
+    required = [h for h in report["hooks"] if not h["optional"]]
+    if report["vllm"]["module_version"] is None or not any(h["resolved"] for h in required):
+        print("otel-ttft doctor: nothing can be instrumented", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
