@@ -155,9 +155,13 @@ def run_demo(out_dir: str | Path = DEFAULT_OUT, *, keep_going: bool = False,
     from otel_ttft.tiny_model import ensure_tiny_model  # heavy imports; only the demo needs them
 
     say("building the tiny model (cached after the first run) ...")
-    model_dir = ensure_tiny_model()
+    try:
+        model_dir = ensure_tiny_model()
+    except Exception as exc:  # missing transformers/tokenizers, unwritable cache, ...
+        say(f"error: could not build the tiny model: {type(exc).__name__}: {exc}")
+        return 1
     store = SpanStore(out_dir)
-    failed = False
+    start_error: str | None = None
     with OTLPReceiver(store, grpc_port=None) as receiver:
         say(f"OTLP receiver on {receiver.http_endpoint}, storing into {out_dir}")
         server = VllmServer(model_dir, instrument=True, log_path=out_dir / LOG_FILE,
@@ -168,10 +172,10 @@ def run_demo(out_dir: str | Path = DEFAULT_OUT, *, keep_going: bool = False,
             server.start(timeout_s=start_timeout_s)
         except ServerStartError as exc:
             say(f"error: {exc}")
-            failed = True
+            start_error = "the vLLM server did not become healthy (see the log lines above)"
         except KeyboardInterrupt:
-            say("interrupted")
-            failed = True
+            start_error = "interrupted while the server was starting"
+        failed = start_error is not None
         if not failed:
             say(f"server healthy after {time.monotonic() - started:.1f} s")
             try:
@@ -187,10 +191,16 @@ def run_demo(out_dir: str | Path = DEFAULT_OUT, *, keep_going: bool = False,
     say(f"data: {store.spans_path} ({len(spans)} spans), {store.metrics_path} ({points} metric "
         f"points), server log {out_dir / LOG_FILE}")
     say(f"render again with: otel-ttft tree {out_dir}")
-    if not spans:
-        say("error: no spans arrived; see the server log above for exporter errors")
+    if start_error:
+        say(f"error: {start_error}; what was collected is kept in {out_dir}")
         return 1
-    return 1 if failed else 0
+    if not spans:
+        say("error: no spans arrived; see the server log for exporter errors")
+        return 1
+    if failed:
+        say("error: a request failed (see above); --keep-going sends the rest anyway")
+        return 1
+    return 0
 
 
 def _send_requests(url: str, model_dir: str, keep_going: bool, say) -> bool:
