@@ -1,0 +1,23 @@
+# Developer entry points. Every target that runs project code first runs scripts/setup, which is
+# idempotent and takes a few seconds when nothing changed.
+SHELL := /bin/bash
+VENV := .venv
+PYTHON := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test test-fast lint
+
+setup:
+	@bash scripts/setup
+
+demo: setup
+	$(VENV)/bin/otel-ttft demo
+
+test: setup
+	$(PYTHON) -m pytest -q tests $(PYTEST_ARGS)
+
+test-fast: setup
+	$(PYTHON) -m pytest -q -m "not vllm" tests $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check otel_ttft tests scripts benchmarks

@@ -1,0 +1,102 @@
+"""The tiny local model every vLLM test loads: sharded, with a working tokenizer, built once."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from otel_ttft import tiny_model
+
+pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    cache = tmp_path_factory.mktemp("otel-ttft-cache")
+    return cache, tiny_model.ensure_tiny_model(cache)
+
+
+def _tensor_bytes(shard: Path) -> int:
+    """Bytes of tensor data in one safetensors file, from its header (8-byte length + JSON)."""
+    with shard.open("rb") as fh:
+        (header_len,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(header_len))
+    return sum(t["data_offsets"][1] - t["data_offsets"][0] for k, t in header.items()
+               if k != "__metadata__")
+
+
+def test_layout(built: tuple[Path, Path]) -> None:
+    cache, model_dir = built
+    assert model_dir == cache / tiny_model.MODEL_NAME
+    assert (model_dir / tiny_model.MARKER).is_file()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        assert (model_dir / name).is_file(), name
+    config = json.loads((model_dir / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    assert (config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]) == (
+        128, 2, 2048,
+    )
+    # No temporary build directory is left beside the model.
+    assert [p.name for p in cache.iterdir() if p.is_dir()] == [tiny_model.MODEL_NAME]
+
+
+def test_checkpoint_is_sharded_and_complete(built: tuple[Path, Path]) -> None:
+    _, model_dir = built
+    shards = tiny_model.checkpoint_files(model_dir)
+    assert len(shards) >= 2
+    index = json.loads((model_dir / "model.safetensors.index.json").read_text())
+    assert {Path(f).name for f in index["weight_map"].values()} == {s.name for s in shards}
+    # Tensor bytes across the shards add up to the checkpoint's declared total ...
+    assert sum(_tensor_bytes(s) for s in shards) == index["metadata"]["total_size"]
+    # ... and the files on disk add up to what the build recorded.
+    manifest = json.loads((model_dir / tiny_model.MARKER).read_text())
+    assert sum(s.stat().st_size for s in shards) == manifest["checkpoint_bytes"]
+    assert manifest["shards"] == [s.name for s in shards]
+
+
+def test_tokenizer_round_trips_and_has_chat_template(built: tuple[Path, Path]) -> None:
+    from transformers import AutoTokenizer
+
+    _, model_dir = built
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    text = "the first token was slow: 42 ms! ünïcode"
+    ids = tok(text)["input_ids"]
+    assert ids[0] == tok.bos_token_id
+    assert all(0 <= i < 2048 for i in ids)
+    assert tok.decode(ids, skip_special_tokens=True) == text
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "hello"}], tokenize=False, add_generation_prompt=True
+    )
+    assert prompt == "user: hello\nassistant:"
+
+
+def test_second_call_reuses_the_model(built: tuple[Path, Path]) -> None:
+    cache, model_dir = built
+    marker = model_dir / tiny_model.MARKER
+    before = marker.stat().st_mtime_ns
+    shard_mtimes = [s.stat().st_mtime_ns for s in tiny_model.checkpoint_files(model_dir)]
+    assert tiny_model.ensure_tiny_model(cache) == model_dir
+    assert marker.stat().st_mtime_ns == before
+    assert [s.stat().st_mtime_ns for s in tiny_model.checkpoint_files(model_dir)] == shard_mtimes
+
+
+def test_cache_dir_from_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(tiny_model.ENV_CACHE, str(tmp_path))
+    assert tiny_model.default_cache_dir() == tmp_path
+    monkeypatch.delenv(tiny_model.ENV_CACHE)
+    assert tiny_model.default_cache_dir() == Path.home() / ".cache" / "otel-ttft"
+
+
+def test_incomplete_directory_is_replaced(tmp_path: Path) -> None:
+    """A directory without the marker (not ours, or from an older crash) is never trusted."""
+    stale = tmp_path / tiny_model.MODEL_NAME
+    stale.mkdir()
+    (stale / "config.json").write_text("{}")
+    model_dir = tiny_model.ensure_tiny_model(tmp_path)
+    assert model_dir == stale
+    assert (model_dir / tiny_model.MARKER).is_file()
+    assert json.loads((model_dir / "config.json").read_text())["model_type"] == "llama"
