@@ -35,6 +35,7 @@ class Activation:
 
 _lock = threading.Lock()
 _root: trace.Span | None = None
+_frontend_span: trace.Span | None = None  # app build -> HTTP server listening
 _last: Activation | None = None
 _process_start_done = False
 
@@ -104,11 +105,15 @@ def ensure_root() -> trace.Span | None:
 
 def end_root(error: BaseException | None = None) -> None:
     """Ready (or failed): close the root once."""
-    global _root
     root = _root
     if root is None or not root.is_recording():
         return
     end = clock.now_ns()
+    frontend = _frontend_span
+    if frontend is not None and frontend.is_recording():
+        if error is not None:
+            frontend.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+        frontend.end(end_time=end)
     if spans.served_model:
         root.set_attribute(semconv.GEN_AI_REQUEST_MODEL, spans.served_model)
     root.set_attribute(semconv.ATTR_ACTIVATION_READY, error is None)
@@ -161,30 +166,42 @@ def _wrap_named_api_call(span_name: str, stage: str):
 
 @guard_async("activation.api_ready")
 async def _wrap_build_and_serve(call, instance, args, kwargs):
-    token = _under_root()
+    """App build and HTTP start: a span that ends when uvicorn listens, not when it stops."""
+    global _frontend_span
+    root = None if trace.get_current_span().get_span_context().is_valid else ensure_root()
+    if root is None:
+        return await call(*args, **kwargs)
+    _frontend_span = spans.tracer().start_span(
+        semconv.SPAN_FRONTEND_SETUP, context=trace.set_span_in_context(root),
+        start_time=clock.now_ns())
+    spans._tag(_frontend_span, semconv.STAGE_WARMUP_FRONTEND, None)
+    token = otel_context.attach(trace.set_span_in_context(_frontend_span))
     try:
-        if token is None:
-            return await call(*args, **kwargs)
-        with spans.stage_span(semconv.SPAN_FRONTEND_SETUP, semconv.STAGE_WARMUP_FRONTEND):
-            return await call(*args, **kwargs)
+        return await call(*args, **kwargs)
     except BaseException as exc:
         end_root(exc)
         raise
     finally:
-        if token is not None:
-            otel_context.detach(token)
+        otel_context.detach(token)
+
+
+@guard_async("activation.serve_context")
+async def _wrap_serve_http(call, instance, args, kwargs):
+    """Serve with a clean context: request tasks must not inherit start-up spans."""
+    token = otel_context.attach(otel_context.Context())
+    try:
+        return await call(*args, **kwargs)
+    finally:
+        otel_context.detach(token)
 
 
 @guard_async("activation.ready")
-async def _wrap_serve_http(call, instance, args, kwargs):
-    """Serve with a clean context (request tasks must not inherit start-up spans), then: ready."""
-    token = otel_context.attach(otel_context.Context())
-    try:
-        result = await call(*args, **kwargs)
-    finally:
-        otel_context.detach(token)
-    end_root()
-    spans.flush_async()
+async def _wrap_uvicorn_startup(call, instance, args, kwargs):
+    """uvicorn's startup returns once its sockets listen: the activation is ready."""
+    result = await call(*args, **kwargs)
+    if _root is not None:
+        end_root()
+        spans.flush_async()
     return result
 
 
@@ -288,7 +305,9 @@ HOOKS = [
          _wrap_api_call, stage=semconv.STAGE_WARMUP, process=API_SERVER),
     Hook("activation.api_ready", f"{_ENTRY}:build_and_serve", _wrap_build_and_serve,
          stage=semconv.STAGE_WARMUP_FRONTEND, process=API_SERVER, guarded=False),
-    Hook("activation.ready", f"{_ENTRY}:serve_http", _wrap_serve_http,
+    Hook("activation.serve_context", f"{_ENTRY}:serve_http", _wrap_serve_http,
+         process=API_SERVER, guarded=False),
+    Hook("activation.ready", "uvicorn.server:Server.startup", _wrap_uvicorn_startup,
          process=API_SERVER, guarded=False),
     Hook("activation.failed", f"{_ENTRY}:run_server_worker", _wrap_run_server_worker,
          process=API_SERVER, guarded=False),

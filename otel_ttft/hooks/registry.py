@@ -87,19 +87,43 @@ def _guard(hook: Hook) -> WrapperFn:
     return guarded
 
 
+class _AsyncCall(_Call):
+    __slots__ = ("done",)
+
+    def __init__(self, wrapped: Callable[..., Any]):
+        super().__init__(wrapped)
+        self.done = False
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        self.called = True
+        try:
+            self.result = await self.wrapped(*args, **kwargs)
+        except BaseException:
+            self.raised = True
+            raise
+        self.done = True
+        return self.result
+
+
 def guard_async(hook_name: str) -> Callable[[WrapperFn], WrapperFn]:
     """The same promise for coroutine functions: our failure never becomes vLLM's."""
 
     def decorate(fn):
+        hook = Hook(hook_name, ":", fn)
+
         async def wrapper(wrapped, instance, args, kwargs):
-            call = _Call(wrapped)
+            if hook.failed:
+                return await wrapped(*args, **kwargs)
+            call = _AsyncCall(wrapped)
             try:
                 return await fn(call, instance, args, kwargs)
             except Exception as exc:
                 if call.raised:
                     raise
-                report_failure(Hook(hook_name, ":", fn), exc)
-                return await (call.result if call.called else wrapped(*args, **kwargs))
+                report_failure(hook, exc)
+                if call.done:
+                    return call.result
+                return await wrapped(*args, **kwargs)
 
         return wrapper
 

@@ -1,0 +1,67 @@
+"""doctor against the installed vLLM, and against a fake vLLM tree in which a target moved."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+
+def _doctor(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "otel_ttft.doctor", *args], capture_output=True,
+                          text=True, env={**os.environ, **(env or {})}, timeout=300)
+
+
+@pytest.mark.vllm
+def test_installed_vllm_resolves_every_required_target():
+    proc = _doctor("--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    missing = [h["target"] for h in report["hooks"] if not h["resolved"] and not h["optional"]]
+    assert missing == []
+    assert report["vllm"]["supported"]
+    assert report["entry_points"]["opentelemetry_instrumentor"]
+    assert report["entry_points"]["vllm.general_plugins"]
+
+
+def _fake_vllm(root, core_source):
+    pkg = root / "vllm"
+    (pkg / "v1" / "engine").mkdir(parents=True)
+    (pkg / "__init__.py").write_text('__version__ = "0.99.0"\n')
+    (pkg / "v1" / "__init__.py").write_text("")
+    (pkg / "v1" / "engine" / "__init__.py").write_text("")
+    (pkg / "v1" / "engine" / "core.py").write_text(textwrap.dedent(core_source))
+    return root
+
+
+def test_fake_tree_with_a_moved_target_is_named(tmp_path):
+    root = _fake_vllm(tmp_path, """
+        class EngineCoreProc:
+            def __init__(self):
+                pass
+            # run_busy_loop moved elsewhere in this "version"
+        class EngineCore:
+            def sleep(self, level=1):
+                pass
+            def wake_up(self, tags=None):
+                pass
+    """)
+    proc = _doctor(env={"PYTHONPATH": str(root)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    moved = next(line for line in lines if "activation.engine_core_ready" in line)
+    assert "MISSING" in moved and "EngineCoreProc.run_busy_loop" in moved
+    ok = next(line for line in lines if "activation.engine_core_start" in line)
+    assert ok.strip().startswith("ok")
+    assert "module 0.99.0" in proc.stdout
+
+
+def test_nothing_instrumentable_exits_non_zero(tmp_path):
+    root = _fake_vllm(tmp_path, "X = 1\n")
+    proc = _doctor(env={"PYTHONPATH": str(root)})
+    assert proc.returncode == 1
+    assert "nothing can be instrumented" in proc.stderr
