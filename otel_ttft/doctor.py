@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     report = collect()
     print(json.dumps(report, indent=2) if args.json else render(report))
-    required = [h for h in report["hooks"] if not h["optional"]]
+    required = [h for h in report["hooks"]
+                if not h["optional"] and h["target"].split(".", 1)[0] == "vllm"]
     if report["vllm"]["module_version"] is None or not any(h["resolved"] for h in required):
         print("otel-ttft doctor: nothing can be instrumented", file=sys.stderr)
         return 1

@@ -142,8 +142,12 @@ class SpanNode:
 
     @property
     def stage(self) -> str | None:
+        """``ttft.stage``, or for a vLLM span that opened before our plugin loaded in its
+        process (so could not be tagged), the stage its name stands for."""
         stage = self.attributes.get(semconv.ATTR_STAGE)
-        return stage if isinstance(stage, str) and stage else None
+        if isinstance(stage, str) and stage:
+            return stage
+        return semconv.VLLM_SPAN_STAGES.get(self.name)
 
     def walk(self) -> Iterator[SpanNode]:
         """This node and every descendant, depth first, in start order."""

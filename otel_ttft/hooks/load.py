@@ -45,8 +45,9 @@ def _tensor_nbytes(tensor: Any) -> int:
 class _TracedShard(wrapt.ObjectProxy):
     """A ``safe_open`` handle that becomes a span once the first tensor is read from it."""
 
-    def __init__(self, handle: Any, path: str, hook: Hook):
+    def __init__(self, handle: Any, path: str, hook: Hook, resident: float | None):
         super().__init__(handle)
+        self._self_resident = resident
         self._self_path = path
         self._self_hook = hook
         self._self_span = None
@@ -78,7 +79,7 @@ class _TracedShard(wrapt.ObjectProxy):
             semconv.ATTR_SHARD_BYTES: size,
             semconv.ATTR_LOAD_FORMAT: "safetensors",
             semconv.ATTR_FS_TYPE: pagecache.filesystem_type(path),
-            semconv.ATTR_PAGE_CACHE_RESIDENT: pagecache.resident_ratio(path),
+            semconv.ATTR_PAGE_CACHE_RESIDENT: self._self_resident,
         })
         self._self_bytes = size
 
@@ -122,9 +123,9 @@ class _TracedShard(wrapt.ObjectProxy):
 
 
 def _wrap_safe_open(call, instance, args, kwargs):
-    handle = call(*args, **kwargs)
-    path = args[0] if args else kwargs.get("filename")
-    return _TracedShard(handle, os.fspath(path), SAFE_OPEN)
+    path = os.fspath(args[0] if args else kwargs.get("filename"))
+    resident = pagecache.resident_ratio(path)  # before safe_open reads the header
+    return _TracedShard(call(*args, **kwargs), path, SAFE_OPEN, resident)
 
 
 def _wrap_get_all_weights(call, instance, args, kwargs):

@@ -58,12 +58,14 @@ def _traced_compile(inner_cm, vllm_config: Any, aot_probe: bool):
     before = counter.clone()
     with spans.stage_span(semconv.SPAN_TORCH_COMPILE, semconv.STAGE_WARMUP_COMPILE,
                           attributes=_compile_attributes(vllm_config)) as span:
-        with inner_cm:
-            yield
         try:
-            span.set_attributes(_compile_outcome(counter, before, aot_probe))
-        except Exception as exc:  # noqa: BLE001 - our bookkeeping must not fail the compile
-            report_failure(COMPILE, exc)
+            with inner_cm:
+                yield
+        finally:  # a failed AOT-cache load is a miss worth seeing, so record it too
+            try:
+                span.set_attributes(_compile_outcome(counter, before, aot_probe))
+            except Exception as exc:  # noqa: BLE001 - bookkeeping must not fail the compile
+                report_failure(COMPILE, exc)
 
 
 def _compile_outcome(counter: Any, before: Any, aot_probe: bool) -> dict[str, Any]:
