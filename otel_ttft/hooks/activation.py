@@ -276,10 +276,24 @@ def _tags(args, kwargs) -> list[str]:
 
 
 def _wrap_engine_sleep(call, instance, args, kwargs):
+    """Sleep may finish later (EngineCore drains in-flight requests first): end the span then."""
     level = args[0] if args else kwargs.get("level", 1)
-    with spans.stage_span(semconv.SPAN_SLEEP, semconv.STAGE_SWITCH_SLEEP,
-                          attributes={semconv.ATTR_SLEEP_LEVEL: int(level)}):
-        return call(*args, **kwargs)
+    span = spans.tracer().start_span(semconv.SPAN_SLEEP, start_time=clock.now_ns())
+    spans._tag(span, semconv.STAGE_SWITCH_SLEEP, {semconv.ATTR_SLEEP_LEVEL: int(level)})
+    token = otel_context.attach(trace.set_span_in_context(span))
+    try:
+        result = call(*args, **kwargs)
+    except BaseException as exc:
+        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        span.end(end_time=clock.now_ns())
+        raise
+    finally:
+        otel_context.detach(token)
+    if hasattr(result, "add_done_callback"):
+        result.add_done_callback(lambda _f: span.end(end_time=clock.now_ns()))
+    else:
+        span.end(end_time=clock.now_ns())
+    return result
 
 
 def _wrap_worker_wake_up(call, instance, args, kwargs):

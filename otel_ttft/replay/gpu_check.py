@@ -1,0 +1,119 @@
+"""The GPU-only paths, checked on a real NVIDIA GPU: CUDA graph capture, host-to-device copies,
+sleep and wake-up. No GPU here means nothing to check: exit 2 with a message.
+
+Starts a real vLLM (official build) on the tiny local model under ``opentelemetry-instrument``
+with sleep mode on, sends a request, sleeps and wakes the engine, sends another, and asserts on the
+spans the embedded receiver got. Run: ``scripts/gpu-check`` (after ``scripts/setup``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+from otel_ttft import semconv
+from otel_ttft.analysis.traces import build_trees, coverage, find_activation_roots
+from otel_ttft.analysis.tree import render_tree
+from otel_ttft.replay.demo import telemetry_env
+from otel_ttft.replay.server import VllmServer
+from otel_ttft.sink.receiver import OTLPReceiver
+from otel_ttft.sink.store import SpanStore
+from otel_ttft.tiny_model import ensure_tiny_model
+
+
+def _post(url: str, body: dict | None = None) -> dict:
+    data = json.dumps(body or {}).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        raw = resp.read()
+    return json.loads(raw) if raw else {}
+
+
+def _has_gpu() -> bool:
+    try:
+        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def check(spans: list[dict]) -> list[str]:
+    """Problems found; empty when every GPU path produced what it should."""
+    problems = []
+    named = {}
+    for span in spans:
+        named.setdefault(span["name"], []).append(span)
+    capture = named.get("Capture model", [])
+    if not any(s["attributes"].get(semconv.ATTR_GRAPH_COUNT, 0) > 0 for s in capture):
+        problems.append("no 'Capture model' span with ttft.graph.count > 0")
+    if capture and capture[0]["attributes"].get(semconv.ATTR_STAGE) != \
+            semconv.STAGE_WARMUP_GRAPH_CAPTURE:
+        problems.append("'Capture model' is not tagged warmup.graph_capture")
+    weights = named.get("Load weights", [])
+    if not any(s["attributes"].get(semconv.ATTR_H2D_BYTES, 0) > 0 for s in weights):
+        problems.append("no host-to-device bytes on 'Load weights'")
+    if not named.get(semconv.SPAN_DEVICE_INIT):
+        problems.append("no 'Init device' span")
+    if not named.get(semconv.SPAN_SLEEP):
+        problems.append("no 'Sleep' span")
+    wakes = [r for r in find_activation_roots(spans)
+             if r.attributes.get(semconv.ATTR_ACTIVATION_KIND) == "wake"]
+    if not wakes:
+        problems.append("no wake-up activation")
+    elif not any(n.name == semconv.SPAN_WAKE_UP and n.stage == semconv.STAGE_LOAD_H2D
+                 for n in wakes[0].walk()):
+        problems.append("wake-up activation has no 'Wake up' [load.h2d] span")
+    starts = [r for r in find_activation_roots(spans)
+              if r.attributes.get(semconv.ATTR_ACTIVATION_KIND) == "start"]
+    if len(starts) != 1:
+        problems.append(f"expected one start activation, got {len(starts)}")
+    elif coverage(starts[0]) < 0.95:
+        problems.append(f"start activation coverage {coverage(starts[0]):.2f} < 0.95")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpu-check", description=__doc__)
+    parser.add_argument("--out", type=Path, default=Path("out/gpu-check"))
+    parser.add_argument("--timeout", type=float, default=600)
+    args = parser.parse_args(argv)
+    if not _has_gpu():
+        print("gpu-check: no NVIDIA GPU (nvidia-smi -L failed); nothing to check", file=sys.stderr)
+        return 2
+    model = ensure_tiny_model()
+    args.out.mkdir(parents=True, exist_ok=True)
+    store = SpanStore(args.out)
+    with OTLPReceiver(store) as receiver:
+        env = {**telemetry_env(receiver.http_endpoint), "OTEL_BSP_SCHEDULE_DELAY": "200",
+               "VLLM_SERVER_DEV_MODE": "1"}
+        server = VllmServer(model, env=env, log_path=args.out / "vllm-server.log",
+                            extra_args=("--enable-sleep-mode", "--gpu-memory-utilization", "0.3"))
+        server.start(timeout_s=args.timeout)
+        try:
+            body = {"model": str(model), "prompt": "hello", "max_tokens": 4}
+            _post(f"{server.url}/v1/completions", body)
+            _post(f"{server.url}/sleep?level=1")
+            _post(f"{server.url}/wake_up")
+            _post(f"{server.url}/v1/completions", body)
+        finally:
+            server.stop()
+        with contextlib.suppress(TimeoutError):  # report what did arrive
+            receiver.wait_for_spans(lambda s: not check(s), timeout=30)
+    spans = store.spans()
+    for roots in build_trees(spans).values():
+        for root in roots:
+            if root.name == semconv.SPAN_ACTIVATION:
+                print(render_tree(root))
+    problems = check(spans)
+    for problem in problems:
+        print(f"gpu-check: FAIL {problem}", file=sys.stderr)
+    print(f"gpu-check: {'FAILED' if problems else 'passed'}; data in {args.out}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
