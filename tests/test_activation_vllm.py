@@ -132,7 +132,7 @@ def test_activation_under_opentelemetry_instrument_with_torch_compile(receiver, 
             assert isinstance(attrs[semconv.ATTR_COMPILE_CACHE_HIT], bool)
             assert attrs[semconv.ATTR_COMPILE_CACHE_DIR]
         assert any(s["attributes"][semconv.ATTR_COMPILE_GRAPHS] >= 1 for s in compiles
-                   if not s["attributes"]["ttft.compile.aot_load_attempt"])
+                   if not s["attributes"][semconv.ATTR_COMPILE_AOT_LOAD_ATTEMPT])
 
         shards = by_name(spans, semconv.SPAN_SHARD_READ)
         if pagecache.filesystem_type(tiny_model) not in ("tmpfs", "overlay"):

@@ -29,7 +29,7 @@ def _wrap_profile_run(call, instance, args, kwargs):
     with spans.stage_span(semconv.SPAN_PROFILE_RUN, semconv.STAGE_WARMUP_PROFILE) as span:
         available = call(*args, **kwargs)
         if isinstance(available, int):
-            span.set_attribute("ttft.profile.available_kv_bytes", available)
+            span.set_attribute(semconv.ATTR_PROFILE_AVAILABLE_KV_BYTES, available)
         return available
 
 
@@ -76,7 +76,7 @@ def _compile_outcome(counter: Any, before: Any, aot_probe: bool) -> dict[str, An
     return {
         semconv.ATTR_COMPILE_CACHE_HIT: bool(loaded) and not compiled,
         semconv.ATTR_COMPILE_GRAPHS: compiled,
-        "ttft.compile.aot_load_attempt": aot_probe,
+        semconv.ATTR_COMPILE_AOT_LOAD_ATTEMPT: aot_probe,
     }
 
 
