@@ -133,6 +133,8 @@ ATTR_COMPILE_CACHE_HIT = "ttft.compile.cache_hit"
 ATTR_COMPILE_CACHE_DIR = "ttft.compile.cache_dir"
 ATTR_COMPILE_GRAPHS = "ttft.compile.graphs"  # backend compilations during this span
 ATTR_COMPILE_RANGES = "ttft.compile.ranges"
+ATTR_COMPILE_AOT_LOAD_ATTEMPT = "ttft.compile.aot_load_attempt"  # True: loading a cached artifact
+ATTR_PROFILE_AVAILABLE_KV_BYTES = "ttft.profile.available_kv_bytes"
 ATTR_GRAPH_COUNT = "ttft.graph.count"
 ATTR_GRAPH_BATCH_SIZES = "ttft.graph.batch_sizes"
 ATTR_GRAPH_MEMORY_BYTES = "ttft.graph.memory_bytes"
@@ -158,3 +160,73 @@ THROUGHPUT_BUCKETS_GB_PER_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 6
 # --- environment ---------------------------------------------------------------------------------
 ENV_CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 ENV_DISABLED_HOOKS = "OTEL_TTFT_DISABLED_HOOKS"  # comma-separated hook names
+
+# --- request path ---
+# One span per request in the API process, named like vLLM's own: when vLLM's tracing is on, its
+# `llm_request` is suppressed and its attributes are carried by ours, so there is still one.
+SPAN_REQUEST = "llm_request"
+SPAN_REQUEST_INPUT = "Frontend input"  # frontend: arrival -> engine queue (render, tokenize, IPC)
+SPAN_REQUEST_QUEUE = "Queue"  # queued -> scheduled; a preemption before the first token requeues
+SPAN_REQUEST_PREFILL = "Prefill"  # scheduled -> first token computed (all chunks)
+SPAN_REQUEST_OUTPUT = "Frontend output"  # first token computed -> handed to the HTTP layer
+SPAN_REQUEST_FIRST_DECODE = "First decode"  # first -> second token; outside TTFT
+EVENT_REQUEST_PREEMPTED = "preempted"
+
+# GenAI semantic conventions
+GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
+GEN_AI_RESPONSE_ID = "gen_ai.response.id"
+GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
+GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"  # prefix-cache hits
+GEN_AI_REQUEST_TEMPERATURE = "gen_ai.request.temperature"
+GEN_AI_REQUEST_TOP_P = "gen_ai.request.top_p"
+GEN_AI_REQUEST_TOP_K = "gen_ai.request.top_k"
+GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
+GEN_AI_REQUEST_FREQUENCY_PENALTY = "gen_ai.request.frequency_penalty"
+GEN_AI_REQUEST_PRESENCE_PENALTY = "gen_ai.request.presence_penalty"
+GEN_AI_REQUEST_SEED = "gen_ai.request.seed"
+GEN_AI_REQUEST_CHOICE_COUNT = "gen_ai.request.choice.count"
+GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"  # opt-in only (ENV_CAPTURE_CONTENT)
+GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"  # opt-in only
+# vLLM's own llm_request attributes, carried over when its tracing is on
+VLLM_REQUEST_ID = "gen_ai.request.id"
+VLLM_LATENCY_TTFT = "gen_ai.latency.time_to_first_token"
+
+ATTR_REQUEST_TTFT = "ttft.request.time_to_first_token"  # s: arrival -> first token handed over
+ATTR_REQUEST_STREAMING = "ttft.request.streaming"
+ATTR_REQUEST_ABORTED = "ttft.request.aborted"
+ATTR_REQUEST_PREEMPTIONS = "ttft.request.preemptions"
+ATTR_REQUEST_SCHEDULE_KNOWN = "ttft.request.schedule_known"  # False: queue/prefill not split
+ATTR_REQUEST_ADMISSION_FAILED = "ttft.request.admission.failed_attempts"  # no KV blocks
+ATTR_REQUEST_ARRIVAL_WAITING = "ttft.request.arrival.waiting_requests"  # engine queue depth
+ATTR_REQUEST_ARRIVAL_RUNNING = "ttft.request.arrival.running_requests"
+ATTR_REQUEST_ARRIVAL_KV_FREE = "ttft.request.arrival.kv_free_blocks"
+ATTR_REQUEST_ARRIVAL_KV_TOTAL = "ttft.request.arrival.kv_total_blocks"
+ATTR_REQUEST_ARRIVAL_KV_USAGE = "ttft.request.arrival.kv_usage"  # 0..1
+ATTR_REQUEST_COLD = "ttft.request.cold"  # among the first N requests after an activation
+ATTR_REQUEST_ACTIVATION_INDEX = "ttft.request.activation.index"  # 1 = first after activation
+ATTR_REQUEST_SINCE_READY = "ttft.request.activation.since_ready"  # s; < 0: arrived before ready
+ATTR_FRONTEND_PHASE = "ttft.frontend.phase"  # input | output
+ATTR_LORA_NAME = "ttft.lora.name"
+ATTR_LORA_ID = "ttft.lora.id"
+ATTR_LORA_LOAD_SECONDS = "ttft.lora.load.seconds"  # set when this request triggered the load
+ATTR_REQUEST_COMPILE_SECONDS = "ttft.request.compile.seconds"  # torch.compile inside this TTFT
+ATTR_LINK_KIND = "ttft.link.kind"
+LINK_KIND_ACTIVATION = "activation"
+
+METRIC_SERVER_TTFT = "gen_ai.server.time_to_first_token"  # histogram, s
+METRIC_REQUEST_STAGE_DURATION = "ttft.request.stage.duration"  # histogram, s; ttft.stage label
+METRIC_REQUEST_ARRIVAL_WAITING = "ttft.request.arrival.waiting_requests"  # histogram
+METRIC_REQUEST_ARRIVAL_KV_USAGE = "ttft.request.arrival.kv_usage"  # histogram, ratio
+TTFT_BUCKETS_S = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 30,
+    60, 120, 300, 600, 1200,
+)
+QUEUE_DEPTH_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+RATIO_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
+
+ENV_COLD_REQUESTS = "OTEL_TTFT_COLD_REQUESTS"
+DEFAULT_COLD_REQUESTS = 3
+# EngineCore -> API: our per-request counts ride on the first EngineCoreOutput's trace_headers
+ENGINE_PAYLOAD_HEADER = "x-otel-ttft"
