@@ -122,7 +122,7 @@ def flush_async() -> None:
         threading.Thread(target=flush, name="otel-ttft-flush", daemon=True).start()
 
 
-def _tag(span: Span, stage: str | None, attributes: Mapping[str, Any] | None) -> None:
+def tag_span(span: Span, stage: str | None, attributes: Mapping[str, Any] | None) -> None:
     if stage is not None:
         span.set_attribute(semconv.ATTR_STAGE, stage)
     if process_kind:
@@ -143,11 +143,11 @@ def stage_span(name: str, stage: str | None, *, enrich: str | None = None,
     ensure_stage_tagger()
     current = trace.get_current_span()
     if enrich is not None and current.is_recording() and getattr(current, "name", None) == enrich:
-        _tag(current, stage, attributes)
+        tag_span(current, stage, attributes)
         yield current
         return
     span = _tracer.start_span(name, context=context, start_time=clock.now_ns())
-    _tag(span, stage, attributes)
+    tag_span(span, stage, attributes)
     token = otel_context.attach(trace.set_span_in_context(span))
     try:
         yield span
@@ -166,7 +166,7 @@ def emit_span(name: str, start_ns: int, end_ns: int, *, stage: str | None = None
               kind: SpanKind = SpanKind.INTERNAL) -> Span:
     """A finished span from timestamps already taken (one clock, epoch ns)."""
     span = _tracer.start_span(name, context=context, start_time=start_ns, kind=kind)
-    _tag(span, stage, attributes)
+    tag_span(span, stage, attributes)
     span.end(end_time=max(end_ns, start_ns))
     return span
 

