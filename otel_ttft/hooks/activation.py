@@ -125,8 +125,8 @@ def end_root(error: BaseException | None = None) -> None:
     root.end(end_time=end)
 
 
-def _under_root():
-    """Context manager: run with the activation root as parent unless a span is already current."""
+def _under_root() -> object | None:
+    """Attach the activation root as parent unless a span is already current; the token or None."""
     if trace.get_current_span().get_span_context().is_valid:
         return None
     root = ensure_root()
@@ -162,6 +162,18 @@ def _wrap_named_api_call(span_name: str, stage: str):
                 otel_context.detach(token)
 
     return wrapper
+
+
+def _wrap_offline_engine(call, instance, args, kwargs):
+    """Offline ``LLM(...)``: no HTTP server, so the activation is ready when the engine is."""
+    named = _wrap_named_api_call(semconv.SPAN_ENGINE_CLIENT, semconv.STAGE_WARMUP)
+    try:
+        result = named(call, instance, args, kwargs)
+    except BaseException as exc:
+        end_root(exc)
+        raise
+    end_root()
+    return result
 
 
 @guard_async("activation.api_ready")
@@ -314,6 +326,8 @@ HOOKS = [
     Hook("activation.engine_client", "vllm.v1.engine.async_llm:AsyncLLM.__init__",
          _wrap_named_api_call(semconv.SPAN_ENGINE_CLIENT, semconv.STAGE_WARMUP),
          stage=semconv.STAGE_WARMUP, process=API_SERVER),
+    Hook("activation.offline_engine", "vllm.v1.engine.llm_engine:LLMEngine.__init__",
+         _wrap_offline_engine, stage=semconv.STAGE_WARMUP, process=API_SERVER),
     Hook("activation.engine_start",
          "vllm.v1.engine.core_client:EngineCoreClient.make_async_mp_client",
          _wrap_api_call, stage=semconv.STAGE_WARMUP, process=API_SERVER),
