@@ -171,6 +171,7 @@ SPAN_REQUEST_PREFILL = "Prefill"  # scheduled -> first token computed (all chunk
 SPAN_REQUEST_OUTPUT = "Frontend output"  # first token computed -> handed to the HTTP layer
 SPAN_REQUEST_FIRST_DECODE = "First decode"  # first -> second token; outside TTFT
 EVENT_REQUEST_PREEMPTED = "preempted"
+ATTR_EVENT_BEFORE_FIRST_TOKEN = "ttft.request.before_first_token"  # on EVENT_REQUEST_PREEMPTED
 
 # GenAI semantic conventions
 GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
@@ -217,14 +218,12 @@ LINK_KIND_ACTIVATION = "activation"
 
 METRIC_SERVER_TTFT = "gen_ai.server.time_to_first_token"  # histogram, s
 METRIC_REQUEST_STAGE_DURATION = "ttft.request.stage.duration"  # histogram, s; ttft.stage label
-METRIC_REQUEST_ARRIVAL_WAITING = "ttft.request.arrival.waiting_requests"  # histogram
-METRIC_REQUEST_ARRIVAL_KV_USAGE = "ttft.request.arrival.kv_usage"  # histogram, ratio
+METRIC_REQUEST_ARRIVAL_WAITING = "ttft.request.arrival.waiting_requests"  # gauge, latest arrival
+METRIC_REQUEST_ARRIVAL_KV_USAGE = "ttft.request.arrival.kv_usage"  # gauge, ratio, latest arrival
 TTFT_BUCKETS_S = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 30,
     60, 120, 300, 600, 1200,
 )
-QUEUE_DEPTH_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
-RATIO_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 
 ENV_COLD_REQUESTS = "OTEL_TTFT_COLD_REQUESTS"
 DEFAULT_COLD_REQUESTS = 3

@@ -80,11 +80,25 @@ def _compile_outcome(counter: Any, before: Any, aot_probe: bool) -> dict[str, An
     }
 
 
+_probed_tags: set[str] = set()
+
+
 def _wrap_monitor_torch_compile(call, instance, args, kwargs):
-    """``monitor_torch_compile`` brackets every compile and every AOT-cache load attempt."""
+    """``monitor_torch_compile`` brackets every compile and every AOT-cache load attempt.
+
+    Only the first load attempt per compiled module is a stage: when warm-up was skipped
+    (``VLLM_CPU_CI_ENV=1``) vLLM repeats the probe on every forward, and a span per step would
+    flood the trace and tax the hot path.
+    """
     inner = call(*args, **kwargs)
+    aot_probe = kwargs.get("announce_start") is False
+    if aot_probe:
+        tag = str(kwargs.get("tag", ""))
+        if tag in _probed_tags:
+            return inner
+        _probed_tags.add(tag)
     vllm_config = args[0] if args else kwargs.get("vllm_config")
-    return _traced_compile(inner, vllm_config, aot_probe=kwargs.get("announce_start") is False)
+    return _traced_compile(inner, vllm_config, aot_probe=aot_probe)
 
 
 def _kv_cache_attributes(kv_cache_config: Any) -> dict[str, Any]:

@@ -1,0 +1,318 @@
+"""EngineCore (and worker) side of the request path: count, never build spans.
+
+Per request the engine notes, at ``Scheduler.add_request``, the waiting/running depth and free KV
+blocks; counts admission attempts (each prefix-cache lookup the scheduler makes for a request at
+the head of its waiting queue: a fresh or preempted request that then fails to get KV blocks is
+looked up again next step); and, only when vLLM's stats logging is off, the queued/scheduled/
+preempted times vLLM would otherwise record as events. Admissions that found no blocks are then
+attempts minus admissions, computed in the API process. Per step the hooks cost a check, plus a
+dict lookup per output while some request is between arrival and its first output.
+
+These ride back to the API process as one extra entry in the ``trace_headers`` of the request's
+first ``EngineCoreOutput`` (a field vLLM already sends per output; the API side removes the entry
+again before vLLM reads it).
+
+Warm-up paid inside a request (a LoRA adapter loaded lazily, or a torch.compile that start-up
+skipped, e.g. ``VLLM_CPU_CI_ENV=1``) is timed in the worker; the times travel to EngineCore as an
+attribute of the next pickled ``ModelRunnerOutput`` (or in-process with one worker) and on to the
+requests that were waiting for their first token when it started (adapter loads: only those with
+that adapter). Warm-up before any request was queued is thereby never charged to one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from otel_ttft import semconv
+
+logger = logging.getLogger("otel_ttft")
+
+_MAX_TRACKED = 65536
+_WARMUP_ATTR = "_otel_ttft_warmup"
+ADAPTER, COMPILE = "a", "c"
+
+# request_id -> _Engine record, from arrival at the scheduler until its first output
+_state: dict[str, _EngineReq] = {}
+# (ADAPTER|COMPILE, lora_int_id, start, end) timed in this process (worker side), not yet shipped
+_warmup: list[tuple[str, int, float, float]] = []
+_failed_once: set[str] = set()
+
+
+class _EngineReq:
+    __slots__ = ("queued", "waiting", "running", "free", "total", "attempts", "schedule",
+                 "lora_id", "adapter", "compile")
+
+    def __init__(self, queued: float, waiting: int, running: int, free: int, total: int,
+                 lora_id: int = 0):
+        self.queued = queued
+        self.waiting, self.running, self.free, self.total = waiting, running, free, total
+        self.attempts = 0
+        self.schedule: list[str] | None = None  # "S<ts>" / "P<ts>" when stats logging is off
+        self.lora_id = lora_id
+        self.adapter: tuple[float, float] | None = None
+        self.compile: list[str] | None = None
+
+    def encode(self) -> str:
+        parts = [f"q={self.queued!r}", f"n={self.attempts}", f"w={self.waiting}",
+                 f"r={self.running}", f"b={self.free}", f"t={self.total}"]
+        if self.schedule:
+            parts.append("e=" + ",".join(self.schedule))
+        if self.adapter is not None:
+            parts.append(f"a={self.adapter[0]!r},{self.adapter[1]!r}")
+        if self.compile:
+            parts.append("c=" + ",".join(self.compile))
+        return ";".join(parts)
+
+
+def decode(payload: str) -> dict[str, Any]:
+    """The API side's reading of :meth:`_EngineReq.encode` (unknown keys ignored)."""
+    out: dict[str, Any] = {}
+    for part in payload.split(";"):
+        key, _, value = part.partition("=")
+        if key == "q":
+            out["queued"] = float(value)
+        elif key in ("n", "w", "r", "b", "t"):
+            out[{"n": "attempts", "w": "waiting", "r": "running", "b": "free",
+                 "t": "total"}[key]] = int(value)
+        elif key == "e":
+            out["schedule"] = [(item[0], float(item[1:])) for item in value.split(",") if item]
+        elif key == "a":
+            start, end = value.split(",")
+            out["adapter"] = (float(start), float(end))
+        elif key == "c":
+            times = [float(t) for t in value.split(",")]
+            out["compile"] = list(zip(times[::2], times[1::2], strict=False))
+    return out
+
+
+def _fail(where: str, exc: BaseException) -> None:
+    if where not in _failed_once:
+        _failed_once.add(where)
+        logger.warning("otel-ttft request hook %s failed (skipped from now on): %r", where, exc,
+                       exc_info=exc)
+
+
+def _evict() -> None:
+    for key in list(_state)[: _MAX_TRACKED // 2]:
+        _state.pop(key, None)
+
+
+# --- Scheduler.add_request: arrival at the engine ------------------------------------------------
+
+def wrap_scheduler_add_request(wrapped: Callable[..., Any], instance: Any, args: tuple,
+                               kwargs: dict) -> Any:
+    global _own_admission_times
+    if "add_request" not in _failed_once:
+        try:
+            request = args[0] if args else kwargs["request"]
+            rid = request.request_id
+            if not instance.log_stats:
+                _own_admission_times = True
+            if rid not in _state:
+                running, waiting = instance.get_request_counts()
+                pool = instance.kv_cache_manager.block_pool
+                if len(_state) >= _MAX_TRACKED:
+                    _evict()
+                lora = request.lora_request
+                _state[rid] = _EngineReq(time.monotonic(), waiting, running,
+                                         pool.get_num_free_blocks(), pool.num_gpu_blocks,
+                                         lora.lora_int_id if lora is not None else 0)
+        except Exception as exc:  # noqa: BLE001 - never stop vLLM
+            _fail("add_request", exc)
+    return wrapped(*args, **kwargs)
+
+
+# --- Scheduler._get_local_prefix_cache_hit: one admission attempt -------------------------------
+
+_own_admission_times = False  # some scheduler here runs with vLLM's stats logging off
+
+
+def wrap_prefix_lookup(wrapped: Callable[..., Any], instance: Any, args: tuple,
+                       kwargs: dict) -> Any:
+    """Called once per admission attempt of a request whose KV is not computed yet."""
+    if _state:
+        try:
+            st = _state.get((args[0] if args else kwargs["request"]).request_id)
+            if st is not None:
+                st.attempts += 1
+        except Exception as exc:  # noqa: BLE001
+            _fail("prefix_lookup", exc)
+    return wrapped(*args, **kwargs)
+
+
+# --- Scheduler.schedule: admission times, only when vLLM records no events -----------------------
+
+def wrap_schedule(wrapped: Callable[..., Any], instance: Any, args: tuple,
+                  kwargs: dict) -> Any:
+    if not _own_admission_times or not _state or instance.log_stats:
+        return wrapped(*args, **kwargs)
+    scheduled_at = time.monotonic()  # what vLLM stamps its SCHEDULED events with
+    out = wrapped(*args, **kwargs)
+    try:
+        ids = [r.req_id for r in out.scheduled_new_reqs]
+        ids.extend(out.scheduled_cached_reqs.resumed_req_ids)
+        for rid in ids:
+            st = _state.get(rid)
+            if st is not None:
+                if st.schedule is None:
+                    st.schedule = []
+                st.schedule.append(f"S{scheduled_at!r}")
+    except Exception as exc:  # noqa: BLE001
+        _fail("schedule", exc)
+    return out
+
+
+# --- Scheduler._preempt_request: only needed when vLLM records no events -------------------------
+
+def wrap_preempt_request(wrapped: Callable[..., Any], instance: Any, args: tuple,
+                         kwargs: dict) -> Any:
+    result = wrapped(*args, **kwargs)
+    if not instance.log_stats:
+        try:
+            request = args[0] if args else kwargs["request"]
+            timestamp = args[1] if len(args) > 1 else kwargs.get("timestamp", time.monotonic())
+            st = _state.get(request.request_id)
+            if st is not None:
+                if st.schedule is None:
+                    st.schedule = []
+                st.schedule.append(f"P{timestamp!r}")
+        except Exception as exc:  # noqa: BLE001
+            _fail("preempt_request", exc)
+    return result
+
+
+# --- Scheduler.update_from_output: ship the payload with each request's first output --------------
+
+def wrap_update_from_output(wrapped: Callable[..., Any], instance: Any, args: tuple,
+                            kwargs: dict) -> Any:
+    outputs = wrapped(*args, **kwargs)
+    if not _state and not _warmup:
+        return outputs
+    try:
+        runner_output = args[1] if len(args) > 1 else kwargs.get("model_runner_output")
+        events = getattr(runner_output, _WARMUP_ATTR, None) or _take_local_warmup()
+        if events:
+            _charge_warmup(events)
+        for engine_outputs in outputs.values():
+            for out in engine_outputs.outputs:
+                st = _state.pop(out.request_id, None)
+                if st is None:
+                    continue
+                headers = dict(out.trace_headers) if out.trace_headers else {}
+                headers[semconv.ENGINE_PAYLOAD_HEADER] = st.encode()
+                out.trace_headers = headers
+    except Exception as exc:  # noqa: BLE001
+        _fail("update_from_output", exc)
+    return outputs
+
+
+def _charge_warmup(events: list[tuple[str, int, float, float]]) -> None:
+    """Each warm-up interval goes to the requests already queued when it started."""
+    for kind, lora_id, start, end in events:
+        for st in _state.values():
+            if st.queued > start:
+                continue
+            if kind == ADAPTER and st.lora_id == lora_id:
+                st.adapter = (start, end)
+            elif kind == COMPILE:
+                st.compile = (st.compile or []) + [repr(start), repr(end)]
+
+
+# --- Scheduler.finish_requests: forget requests that end before any output -----------------------
+
+def wrap_finish_requests(wrapped: Callable[..., Any], instance: Any, args: tuple,
+                         kwargs: dict) -> Any:
+    result = wrapped(*args, **kwargs)
+    try:
+        ids = args[0] if args else kwargs.get("request_ids")
+        if ids is None:
+            _state.clear()
+        elif isinstance(ids, str):
+            _state.pop(ids, None)
+        else:
+            for rid in ids:
+                _state.pop(rid, None)
+    except Exception as exc:  # noqa: BLE001
+        _fail("finish_requests", exc)
+    return result
+
+
+# --- worker: time warm-up paid inside a step, hand it to EngineCore with the step's output ------
+
+def wrap_load_adapter(wrapped: Callable[..., Any], instance: Any, args: tuple,
+                      kwargs: dict) -> Any:
+    start = time.monotonic()
+    result = wrapped(*args, **kwargs)
+    try:
+        lora_request = args[0] if args else kwargs["lora_request"]
+        _note_warmup(ADAPTER, lora_request.lora_int_id, start)
+    except Exception as exc:  # noqa: BLE001
+        _fail("load_adapter", exc)
+    return result
+
+
+class _TimedCompile:
+    """Wraps the context manager ``monitor_torch_compile`` returns; times what it brackets."""
+
+    __slots__ = ("inner", "start")
+
+    def __init__(self, inner: Any):
+        self.inner, self.start = inner, 0.0
+
+    def __enter__(self) -> Any:
+        self.start = time.monotonic()
+        return self.inner.__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        try:
+            return self.inner.__exit__(*exc)
+        finally:
+            _note_warmup(COMPILE, 0, self.start)
+
+
+def wrap_monitor_torch_compile(wrapped: Callable[..., Any], instance: Any, args: tuple,
+                               kwargs: dict) -> Any:
+    """Times compiles; not the AOT-cache load probe (``announce_start=False``), which a server
+    whose warm-up was skipped repeats on every step without compiling anything."""
+    if kwargs.get("announce_start") is False:
+        return wrapped(*args, **kwargs)
+    return _TimedCompile(wrapped(*args, **kwargs))
+
+
+def _note_warmup(kind: str, lora_id: int, start: float) -> None:
+    _warmup.append((kind, lora_id, start, time.monotonic()))
+    del _warmup[:-64]
+
+
+def _take_local_warmup() -> list[tuple[str, int, float, float]] | None:
+    """Worker in this process (uniproc executor): no pickling in between."""
+    if not _warmup:
+        return None
+    events = _warmup[:]
+    del _warmup[:len(events)]  # an append from another thread in between stays queued
+    return events
+
+
+def wrap_enqueue_output(wrapped: Callable[..., Any], instance: Any, args: tuple,
+                        kwargs: dict) -> Any:
+    """WorkerProc.enqueue_output: attach pending warm-up times to a ModelRunnerOutput."""
+    if not _warmup:
+        return wrapped(*args, **kwargs)
+    try:
+        output = args[0] if args else kwargs["output"]
+    except Exception:  # noqa: BLE001 - not the signature we know: leave it alone
+        return wrapped(*args, **kwargs)
+    if hasattr(output, "get_output"):  # AsyncModelRunnerOutput: resolve it as vLLM would
+        try:
+            output = output.get_output()
+        except Exception as exc:  # noqa: BLE001 - vLLM turns this into a FAILURE response
+            output = exc
+    try:
+        if hasattr(output, "req_id_to_index"):
+            setattr(output, _WARMUP_ATTR, _take_local_warmup())
+    except Exception as exc:  # noqa: BLE001
+        _fail("enqueue_output", exc)
+    return wrapped(output)

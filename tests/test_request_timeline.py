@@ -1,0 +1,139 @@
+"""The request path without a server: the tiling rule, the EngineCore -> API payload, and the span
+tree built from one request's timestamps through the real OTel SDK (in memory)."""
+
+from __future__ import annotations
+
+import pytest
+
+from otel_ttft import clock, semconv
+from otel_ttft.hooks import request_emit, request_engine
+from otel_ttft.hooks.request_record import Handle, Req
+from otel_ttft.hooks.request_timeline import PREEMPTED, SCHEDULED, stage_totals, tile
+from tests.otel_memory import memory_exporter
+
+FRONTEND, QUEUE, PREFILL = semconv.STAGE_FRONTEND, semconv.STAGE_QUEUE, semconv.STAGE_PREFILL
+
+
+def stages(segments):
+    return [(s.stage, s.name) for s in segments]
+
+
+def assert_tiled(segments, start, end):
+    assert segments[0].start == start
+    assert segments[-1].end == end
+    for a, b in zip(segments, segments[1:], strict=False):
+        assert a.end == b.start
+
+
+def test_plain_request_tiles_arrival_to_handover():
+    segs = tile(10.0, 10.002, [(SCHEDULED, 10.005)], 10.020, 10.021, end=10.100)
+    assert stages(segs) == [(FRONTEND, semconv.SPAN_REQUEST_INPUT),
+                            (QUEUE, semconv.SPAN_REQUEST_QUEUE),
+                            (PREFILL, semconv.SPAN_REQUEST_PREFILL),
+                            (FRONTEND, semconv.SPAN_REQUEST_OUTPUT)]
+    assert_tiled(segs, 10.0, 10.021)
+    totals = stage_totals(segs)
+    assert totals[FRONTEND] == pytest.approx(0.002 + 0.001)
+    assert totals[QUEUE] == pytest.approx(0.003)
+    assert totals[PREFILL] == pytest.approx(0.015)
+
+
+def test_preemption_before_first_token_requeues():
+    schedule = [(SCHEDULED, 1.1), (PREEMPTED, 1.2), (SCHEDULED, 1.5), (PREEMPTED, 2.5)]
+    segs = tile(1.0, 1.05, schedule, first_token=2.0, ttft_end=2.01, end=3.0)
+    assert [s.stage for s in segs] == [FRONTEND, QUEUE, PREFILL, QUEUE, PREFILL, FRONTEND]
+    assert_tiled(segs, 1.0, 2.01)
+    assert stage_totals(segs)[QUEUE] == pytest.approx(0.05 + 0.3)
+
+
+def test_without_schedule_times_queue_and_prefill_are_one_segment():
+    segs = tile(1.0, 1.1, [], first_token=1.5, ttft_end=1.6, end=2.0)
+    assert [s.stage for s in segs] == [FRONTEND, PREFILL, FRONTEND]
+    assert_tiled(segs, 1.0, 1.6)
+
+
+def test_request_that_never_got_a_token_ends_in_the_stage_it_was_in():
+    segs = tile(1.0, 1.01, [], first_token=None, ttft_end=None, end=4.0)
+    assert [s.stage for s in segs] == [FRONTEND, PREFILL]
+    segs = tile(1.0, 1.01, [(SCHEDULED, 2.0), (PREEMPTED, 3.0)], None, None, end=4.0)
+    assert [s.stage for s in segs] == [FRONTEND, QUEUE, PREFILL, QUEUE]
+    assert_tiled(segs, 1.0, 4.0)
+
+
+def test_out_of_order_clocks_are_clamped_never_negative():
+    # queued before arrival (clock mapping), scheduled after the first token.
+    segs = tile(5.0, 4.9, [(SCHEDULED, 5.3)], first_token=5.2, ttft_end=5.25, end=6.0)
+    assert all(s.end >= s.start for s in segs)
+    assert_tiled(segs, 5.0, 5.25)
+    assert sum(s.end - s.start for s in segs) == pytest.approx(0.25)
+
+
+def test_engine_payload_round_trip():
+    st = request_engine._EngineReq(123.25, waiting=7, running=4, free=3, total=6, lora_id=2)
+    st.attempts = 5
+    st.schedule = ["S123.5", "P124.0", "S124.5"]
+    st.adapter = (123.6, 123.7)
+    st.compile = ["123.8", "124.9"]
+    got = request_engine.decode(st.encode())
+    assert got == {"queued": 123.25, "attempts": 5, "waiting": 7, "running": 4, "free": 3,
+                   "total": 6, "schedule": [("S", 123.5), ("P", 124.0), ("S", 124.5)],
+                   "adapter": (123.6, 123.7), "compile": [(123.8, 124.9)]}
+    assert request_engine.decode("q=1.0;zz=unknown") == {"queued": 1.0}
+
+
+def _record(headers):
+    handle = Handle(headers, None, "tiny", streaming=True)
+    rec = Req("req-1", "cmpl-1", handle, arrival=100.0)
+    handle.records.append(rec)
+    handle.first_out = 100.031
+    rec.model, rec.prompt_len, rec.out_tokens = "tiny", 12, 4
+    rec.queued = 100.004
+    rec.schedule = [(SCHEDULED, 100.010)]
+    rec.first_tok, rec.recv, rec.second_tok = 100.030, 100.0305, 100.040
+    rec.engine = {"attempts": 3, "waiting": 3, "running": 4, "free": 10, "total": 40,
+                  "adapter": (100.012, 100.020)}
+    rec.lora = type("Lora", (), {"lora_name": "ad", "lora_int_id": 1})()
+    return rec
+
+
+def test_request_tree_through_the_sdk():
+    exporter = memory_exporter()
+    exporter.clear()
+    trace_id, span_id = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+    rec = _record({"traceparent": f"00-{trace_id}-{span_id}-01"})
+    request_emit.emit_request(rec, now=100.2)
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    req = spans[semconv.SPAN_REQUEST]
+    assert format(req.context.trace_id, "032x") == trace_id
+    assert format(req.parent.span_id, "016x") == span_id
+    assert req.start_time == clock.monotonic_to_epoch_ns(100.0)
+    assert req.end_time == clock.monotonic_to_epoch_ns(100.2)
+    attrs = req.attributes
+    assert attrs[semconv.ATTR_REQUEST_TTFT] == pytest.approx(0.031)
+    assert attrs[semconv.ATTR_REQUEST_ADMISSION_FAILED] == 2
+    assert attrs[semconv.ATTR_REQUEST_ARRIVAL_KV_USAGE] == pytest.approx(0.75)
+    assert attrs[semconv.ATTR_LORA_LOAD_SECONDS] == pytest.approx(0.008)
+    assert attrs[semconv.ATTR_REQUEST_COLD] is True
+    kids = [s for s in exporter.get_finished_spans() if s.parent is not None
+            and s.parent.span_id == req.context.span_id]
+    names = [s.name for s in sorted(kids, key=lambda s: s.start_time)]
+    assert names == [semconv.SPAN_REQUEST_INPUT, semconv.SPAN_REQUEST_QUEUE,
+                     semconv.SPAN_REQUEST_PREFILL, semconv.SPAN_REQUEST_OUTPUT,
+                     semconv.SPAN_REQUEST_FIRST_DECODE]
+    tiles = [s for s in kids if s.name != semconv.SPAN_REQUEST_FIRST_DECODE]
+    assert sum(s.end_time - s.start_time for s in tiles) == \
+        clock.monotonic_to_epoch_ns(100.031) - clock.monotonic_to_epoch_ns(100.0)
+    load = spans[semconv.SPAN_ADAPTER_LOAD]
+    assert load.parent.span_id == spans[semconv.SPAN_REQUEST_PREFILL].context.span_id
+    assert load.attributes[semconv.ATTR_STAGE] == semconv.STAGE_WARMUP_ADAPTER
+    assert all(s.context.trace_id == req.context.trace_id for s in kids)
+    assert all(s.resource is req.resource for s in kids)
+
+
+def test_request_without_a_caller_is_a_root_server_span():
+    exporter = memory_exporter()
+    exporter.clear()
+    request_emit.emit_request(_record(None), now=100.2)
+    (req,) = [s for s in exporter.get_finished_spans() if s.name == semconv.SPAN_REQUEST]
+    assert req.parent is None
+    assert req.kind.name == "SERVER"
