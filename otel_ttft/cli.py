@@ -42,6 +42,7 @@ def _tree(args: argparse.Namespace) -> int:
         TraceFileError,
         build_trees,
         find_activation_roots,
+        find_request_spans,
         load_spans,
     )
     from otel_ttft.analysis.tree import render_tree
@@ -57,7 +58,7 @@ def _tree(args: argparse.Namespace) -> int:
             print(f"otel-ttft tree: no spans of trace {args.trace} in {args.path}",
                   file=sys.stderr)
             return 2
-    roots = find_activation_roots(spans) or sorted(
+    roots = find_activation_roots(spans) + find_request_spans(spans) or sorted(
         (r for rs in build_trees(spans).values() for r in rs), key=lambda r: r.start_ns)
     if not roots:
         print(f"otel-ttft tree: no spans in {args.path}", file=sys.stderr)

@@ -204,8 +204,18 @@ def iter_nodes(trees: dict[str, list[SpanNode]]) -> Iterator[SpanNode]:
 
 def find_activation_roots(spans: Iterable[dict]) -> list[SpanNode]:
     """Every ``vllm.activation`` span (with its subtree), by start time."""
-    found = [n for n in iter_nodes(build_trees(spans)) if n.name == semconv.SPAN_ACTIVATION]
+    return find_named(spans, semconv.SPAN_ACTIVATION)
+
+
+def find_named(spans: Iterable[dict], name: str) -> list[SpanNode]:
+    """Every span called ``name`` (with its subtree) wherever it sits, by start time."""
+    found = [n for n in iter_nodes(build_trees(spans)) if n.name == name]
     return sorted(found, key=_order)
+
+
+def find_request_spans(spans: Iterable[dict]) -> list[SpanNode]:
+    """Every request span (``llm_request``), by start time, wherever the caller's trace put it."""
+    return find_named(spans, semconv.SPAN_REQUEST)
 
 
 # --- time accounting ----------------------------------------------------------------------------

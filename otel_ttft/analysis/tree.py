@@ -114,6 +114,23 @@ def _count(node: SpanNode) -> int:
     return sum(1 for _ in node.walk()) - 1
 
 
+def _request_footer(request: SpanNode) -> list[str]:
+    """A request span lasts until its last token; what matters is how its TTFT splits."""
+    ttft = request.attributes.get(semconv.ATTR_REQUEST_TTFT)
+    in_ttft: dict[str, float] = {}
+    outside: dict[str, float] = {}
+    for child in request.children:
+        stage = child.stage or "unattributed"
+        bucket = outside if stage == semconv.STAGE_FIRST_DECODE else in_ttft
+        bucket[stage] = bucket.get(stage, 0.0) + child.duration_s
+    parts = " + ".join(f"{stage} {format_duration(s)}" for stage, s in in_ttft.items())
+    head = f"server TTFT {format_duration(float(ttft))}" if ttft is not None else "server TTFT ?"
+    lines = [f"{head} = {parts}" if parts else head]
+    for stage, seconds in outside.items():
+        lines.append(f"{stage} {format_duration(seconds)} (after the first token)")
+    return lines
+
+
 def render_tree(root: SpanNode, *, max_depth: int | None = None) -> str:
     """The tree, one span per line, then root coverage and self time per stage."""
     lines = [describe(root, root.start_ns)]
@@ -133,6 +150,9 @@ def render_tree(root: SpanNode, *, max_depth: int | None = None) -> str:
     else:
         visit(root, "", 0)
     lines.append("")
+    if root.name == semconv.SPAN_REQUEST:
+        lines.extend(_request_footer(root))
+        return "\n".join(lines)
     lines.append(f"coverage: {coverage(root) * 100:.1f}% of {root.name!r} "
                  f"({format_duration(root.duration_s)}) is covered by its direct children")
     stages = sorted(self_time_by_stage(root).items(), key=lambda kv: (-kv[1], kv[0]))

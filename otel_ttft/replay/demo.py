@@ -17,7 +17,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TextIO
 
-from otel_ttft.analysis.traces import build_trees, find_activation_roots
+from otel_ttft.analysis.traces import build_trees, find_activation_roots, find_request_spans
 from otel_ttft.analysis.tree import format_duration, render_tree
 from otel_ttft.replay.server import ServerStartError, VllmServer
 from otel_ttft.sink.receiver import OTLPReceiver
@@ -125,7 +125,7 @@ def print_trees(spans: list[dict], out: TextIO) -> int:
     """Activation trees if any; else every multi-span tree and a count of lone spans."""
     activations = find_activation_roots(spans)
     if activations:
-        for root in activations:
+        for root in activations + find_request_spans(spans):
             print(render_tree(root), file=out, end="\n\n")
         return len(activations)
     print("no 'vllm.activation' span arrived (is the otel-ttft instrumentation active?);"
