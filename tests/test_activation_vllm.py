@@ -15,18 +15,10 @@ from otel_ttft import pagecache, semconv
 from otel_ttft.analysis.traces import coverage, find_activation_roots
 from otel_ttft.replay.server import VllmServer, free_port
 from otel_ttft.tiny_model import checkpoint_files
+from tests.export_env import EXPORT_ENV
 
 pytestmark = pytest.mark.vllm
 
-EXPORT_ENV = {
-    "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-    "OTEL_BSP_SCHEDULE_DELAY": "200",
-    "OTEL_METRIC_EXPORT_INTERVAL": "1000",
-    "OTEL_SERVICE_NAME": "vllm-test",
-    "OTEL_TRACES_EXPORTER": "otlp",
-    "OTEL_METRICS_EXPORTER": "otlp",
-    "OTEL_LOGS_EXPORTER": "none",
-}
 
 
 def complete(server: VllmServer, model: Path, prompt: str = "hello world") -> str:

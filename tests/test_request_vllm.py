@@ -19,18 +19,10 @@ import pytest
 
 from otel_ttft import semconv
 from otel_ttft.replay.server import VllmServer
+from tests.export_env import EXPORT_ENV
 
 pytestmark = pytest.mark.vllm
 
-EXPORT_ENV = {
-    "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-    "OTEL_BSP_SCHEDULE_DELAY": "200",
-    "OTEL_METRIC_EXPORT_INTERVAL": "1000",
-    "OTEL_SERVICE_NAME": "vllm-test",
-    "OTEL_TRACES_EXPORTER": "otlp",
-    "OTEL_METRICS_EXPORTER": "otlp",
-    "OTEL_LOGS_EXPORTER": "none",
-}
 TTFT_STAGES = {semconv.SPAN_REQUEST_INPUT, semconv.SPAN_REQUEST_QUEUE, semconv.SPAN_REQUEST_PREFILL,
                semconv.SPAN_REQUEST_OUTPUT}
 MS = 1_000_000

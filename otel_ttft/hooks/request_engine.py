@@ -55,6 +55,12 @@ class _EngineReq:
         self.adapter: tuple[float, float] | None = None
         self.compile: list[str] | None = None
 
+    def note_schedule_event(self, event: str) -> None:
+        """"S<ts>" (scheduled) or "P<ts>" (preempted), stamped by us when vLLM records none."""
+        if self.schedule is None:
+            self.schedule = []
+        self.schedule.append(event)
+
     def encode(self) -> str:
         parts = [f"q={self.queued!r}", f"n={self.attempts}", f"w={self.waiting}",
                  f"r={self.running}", f"b={self.free}", f"t={self.total}"]
@@ -157,9 +163,7 @@ def wrap_schedule(wrapped: Callable[..., Any], instance: Any, args: tuple,
         for rid in ids:
             st = _state.get(rid)
             if st is not None:
-                if st.schedule is None:
-                    st.schedule = []
-                st.schedule.append(f"S{scheduled_at!r}")
+                st.note_schedule_event(f"S{scheduled_at!r}")
     except Exception as exc:  # noqa: BLE001
         _fail("schedule", exc)
     return out
@@ -176,9 +180,7 @@ def wrap_preempt_request(wrapped: Callable[..., Any], instance: Any, args: tuple
             timestamp = args[1] if len(args) > 1 else kwargs.get("timestamp", time.monotonic())
             st = _state.get(request.request_id)
             if st is not None:
-                if st.schedule is None:
-                    st.schedule = []
-                st.schedule.append(f"P{timestamp!r}")
+                st.note_schedule_event(f"P{timestamp!r}")
         except Exception as exc:  # noqa: BLE001
             _fail("preempt_request", exc)
     return result
