@@ -30,6 +30,12 @@ def complete(server: VllmServer, model: Path, prompt: str = "hello world") -> st
         return json.loads(resp.read())["choices"][0]["text"]
 
 
+def post(url: str) -> dict:
+    req = urllib.request.Request(url, data=b"", method="POST")
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return json.loads(resp.read() or b"{}")
+
+
 def activation_spans(receiver, timeout=60):
     """Wait until the activation root and the worker's last start-up span have arrived."""
     def ready(spans):
@@ -152,7 +158,8 @@ def test_activation_under_opentelemetry_instrument_with_torch_compile(receiver, 
 def test_activation_through_the_vllm_plugin_alone_eager(receiver, tiny_model, tmp_path):
     """No opentelemetry-instrument: vLLM's own --otlp-traces-endpoint supplies the provider and
     our vllm.general_plugins entry point does the rest."""
-    env = {**EXPORT_ENV, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}
+    env = {**EXPORT_ENV, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+           "VLLM_SERVER_DEV_MODE": "1"}  # exposes /sleep and /wake_up
     args = ("--enforce-eager", "--otlp-traces-endpoint", f"{receiver.http_endpoint}/v1/traces")
     with VllmServer(tiny_model, env=env, instrument=False, extra_args=args,
                     log_path=tmp_path / "server.log") as server:
@@ -160,6 +167,28 @@ def test_activation_through_the_vllm_plugin_alone_eager(receiver, tiny_model, tm
         root, spans = activation_spans(receiver)
         assert_complete_activation(root, spans, tiny_model, plugin_only=True)
         assert not by_name(spans, semconv.SPAN_TORCH_COMPILE), "eager: nothing is compiled"
+
+        # Sleep and wake: on CPU vLLM's control flow runs for real (the memory work is a no-op).
+        post(f"{server.url}/sleep?level=1")
+        post(f"{server.url}/wake_up")
+        assert complete(server, tiny_model, "after the wake-up")
+        receiver.wait_for_spans(lambda s: any(
+            x["name"] == semconv.SPAN_REQUEST and
+            x["attributes"].get(semconv.ATTR_ACTIVATION_KIND) == "wake" for x in s), 30)
+    spans = receiver.store.spans()
+    (sleep,) = by_name(spans, semconv.SPAN_SLEEP)
+    assert sleep["attributes"][semconv.ATTR_STAGE] == semconv.STAGE_SWITCH_SLEEP
+    (wake_root,) = [n for n in find_activation_roots(spans)
+                    if n.attributes.get(semconv.ATTR_ACTIVATION_KIND) == "wake"]
+    assert wake_root.attributes[semconv.ATTR_PROCESS_KIND] == "api_server"
+    (wake,) = [n for n in wake_root.walk() if n.name == semconv.SPAN_WAKE_UP]
+    assert wake.attributes[semconv.ATTR_PROCESS_KIND] == "engine_core", "handoff to EngineCore"
+    assert wake.stage == semconv.STAGE_LOAD_H2D
+    (after,) = [s for s in by_name(spans, semconv.SPAN_REQUEST)
+                if s["attributes"].get(semconv.ATTR_ACTIVATION_KIND) == "wake"]
+    assert after["attributes"][semconv.ATTR_REQUEST_COLD] is True
+    assert after["attributes"][semconv.ATTR_REQUEST_ACTIVATION_INDEX] == 1
+    assert [link["span_id"] for link in after["links"]] == [wake_root.span_id]
 
 
 FAULT_PLUGIN = '''

@@ -17,7 +17,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanContext, Status, StatusCode
 
-from otel_ttft import clock, semconv, spans
+from otel_ttft import clock, handoff, semconv, spans
 from otel_ttft.hooks.registry import Hook, guard_async
 
 API_SERVER, ENGINE_CORE, WORKER = "api_server", "engine_core", "worker"
@@ -257,29 +257,69 @@ def _wrap_busy_loop(call, instance, args, kwargs):
     return call(*args, **kwargs)
 
 
-# --- wake-up from sleep: an activation of its own, rooted in EngineCore --------------------------
+# --- wake-up from sleep: an activation of its own ------------------------------------------------
+# Rooted in the API process (requests after it link to it); EngineCore's and the workers' wake-up
+# spans join it through handoff, since vLLM's utility call carries no trace context.
 
-def _wrap_engine_wake_up(call, instance, args, kwargs):
-    global _last
-    if not spans.provider_ready():
-        return call(*args, **kwargs)
+def _start_wake_root(process_kind: str) -> tuple[trace.Span, int]:
     start = clock.now_ns()
     root = spans.tracer().start_span(semconv.SPAN_ACTIVATION, context=otel_context.Context(),
                                      start_time=start)
     root.set_attributes({semconv.ATTR_ACTIVATION_KIND: "wake",
-                         semconv.ATTR_PROCESS_KIND: spans.process_kind or ENGINE_CORE})
+                         semconv.ATTR_PROCESS_KIND: process_kind})
+    return root, start
+
+
+def _end_wake_root(root: trace.Span, start: int, error: BaseException | None) -> None:
+    global _last
+    end = clock.now_ns()
+    root.set_attribute(semconv.ATTR_ACTIVATION_READY, error is None)
+    if error is not None:
+        root.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+    _last = Activation("wake", root.get_span_context(), start, end)
+    root.end(end_time=end)
+
+
+@guard_async("switch.api_wake_up")
+async def _wrap_api_wake_up(call, instance, args, kwargs):
+    if not spans.provider_ready():
+        return await call(*args, **kwargs)
+    root, start = _start_wake_root(API_SERVER)
     token = otel_context.attach(trace.set_span_in_context(root))
+    error = None
     try:
-        with spans.stage_span(semconv.SPAN_WAKE_UP, semconv.STAGE_LOAD_H2D,
-                              attributes={semconv.ATTR_WAKE_TAGS: _tags(args, kwargs)}):
-            result = call(*args, **kwargs)
-        root.set_attribute(semconv.ATTR_ACTIVATION_READY, True)
-        return result
+        with handoff.offered("wake_up"):
+            return await call(*args, **kwargs)
+    except BaseException as exc:
+        error = exc
+        raise
     finally:
         otel_context.detach(token)
-        end = clock.now_ns()
-        _last = Activation("wake", root.get_span_context(), start, end)
-        root.end(end_time=end)
+        _end_wake_root(root, start, error)
+
+
+def _wrap_engine_wake_up(call, instance, args, kwargs):
+    """EngineCore: under the API process's wake activation if it offered one, else a root here."""
+    if not spans.provider_ready():
+        return call(*args, **kwargs)
+    attrs = {semconv.ATTR_WAKE_TAGS: _tags(args, kwargs)}
+    parent = handoff.taken("wake_up")
+    if parent is not None:
+        with spans.stage_span(semconv.SPAN_WAKE_UP, semconv.STAGE_LOAD_H2D, attributes=attrs,
+                              context=parent):
+            return call(*args, **kwargs)
+    root, start = _start_wake_root(spans.process_kind or ENGINE_CORE)
+    token = otel_context.attach(trace.set_span_in_context(root))
+    error = None
+    try:
+        with spans.stage_span(semconv.SPAN_WAKE_UP, semconv.STAGE_LOAD_H2D, attributes=attrs):
+            return call(*args, **kwargs)
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        otel_context.detach(token)
+        _end_wake_root(root, start, error)
 
 
 def _tags(args, kwargs) -> list[str]:
@@ -348,6 +388,8 @@ HOOKS = [
          process=ENGINE_CORE),
     Hook("switch.engine_sleep", f"{_CORE}:EngineCore.sleep", _wrap_engine_sleep,
          stage=semconv.STAGE_SWITCH_SLEEP, process=ENGINE_CORE),
+    Hook("switch.api_wake_up", "vllm.v1.engine.async_llm:AsyncLLM.wake_up", _wrap_api_wake_up,
+         stage=semconv.STAGE_LOAD_H2D, process=API_SERVER, guarded=False),
     Hook("switch.engine_wake_up", f"{_CORE}:EngineCore.wake_up", _wrap_engine_wake_up,
          stage=semconv.STAGE_LOAD_H2D, process=ENGINE_CORE),
     Hook("switch.worker_sleep", "vllm.v1.worker.gpu_worker:Worker.sleep", _wrap_engine_sleep,
