@@ -9,7 +9,9 @@ span, time vLLM's spans leave out. Wake-up from sleep is an activation of its ow
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -261,41 +263,38 @@ def _wrap_busy_loop(call, instance, args, kwargs):
 # Rooted in the API process (requests after it link to it); EngineCore's and the workers' wake-up
 # spans join it through handoff, since vLLM's utility call carries no trace context.
 
-def _start_wake_root(process_kind: str) -> tuple[trace.Span, int]:
+@contextlib.contextmanager
+def _wake_activation(process_kind: str) -> Iterator[trace.Span]:
+    """The wake activation's root, current while the wake-up runs; ``_last`` when it ends."""
+    global _last
     start = clock.now_ns()
     root = spans.tracer().start_span(semconv.SPAN_ACTIVATION, context=otel_context.Context(),
                                      start_time=start)
     root.set_attributes({semconv.ATTR_ACTIVATION_KIND: "wake",
                          semconv.ATTR_PROCESS_KIND: process_kind})
-    return root, start
-
-
-def _end_wake_root(root: trace.Span, start: int, error: BaseException | None) -> None:
-    global _last
-    end = clock.now_ns()
-    root.set_attribute(semconv.ATTR_ACTIVATION_READY, error is None)
-    if error is not None:
-        root.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
-    _last = Activation("wake", root.get_span_context(), start, end)
-    root.end(end_time=end)
+    token = otel_context.attach(trace.set_span_in_context(root))
+    error: BaseException | None = None
+    try:
+        yield root
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        otel_context.detach(token)
+        end = clock.now_ns()
+        root.set_attribute(semconv.ATTR_ACTIVATION_READY, error is None)
+        if error is not None:
+            root.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+        _last = Activation("wake", root.get_span_context(), start, end)
+        root.end(end_time=end)
 
 
 @guard_async("switch.api_wake_up")
 async def _wrap_api_wake_up(call, instance, args, kwargs):
     if not spans.provider_ready():
         return await call(*args, **kwargs)
-    root, start = _start_wake_root(API_SERVER)
-    token = otel_context.attach(trace.set_span_in_context(root))
-    error = None
-    try:
-        with handoff.offered("wake_up"):
-            return await call(*args, **kwargs)
-    except BaseException as exc:
-        error = exc
-        raise
-    finally:
-        otel_context.detach(token)
-        _end_wake_root(root, start, error)
+    with _wake_activation(API_SERVER), handoff.offered("wake_up"):
+        return await call(*args, **kwargs)
 
 
 def _wrap_engine_wake_up(call, instance, args, kwargs):
@@ -308,18 +307,9 @@ def _wrap_engine_wake_up(call, instance, args, kwargs):
         with spans.stage_span(semconv.SPAN_WAKE_UP, semconv.STAGE_LOAD_H2D, attributes=attrs,
                               context=parent):
             return call(*args, **kwargs)
-    root, start = _start_wake_root(spans.process_kind or ENGINE_CORE)
-    token = otel_context.attach(trace.set_span_in_context(root))
-    error = None
-    try:
-        with spans.stage_span(semconv.SPAN_WAKE_UP, semconv.STAGE_LOAD_H2D, attributes=attrs):
-            return call(*args, **kwargs)
-    except BaseException as exc:
-        error = exc
-        raise
-    finally:
-        otel_context.detach(token)
-        _end_wake_root(root, start, error)
+    with _wake_activation(spans.process_kind or ENGINE_CORE), \
+            spans.stage_span(semconv.SPAN_WAKE_UP, semconv.STAGE_LOAD_H2D, attributes=attrs):
+        return call(*args, **kwargs)
 
 
 def _tags(args, kwargs) -> list[str]:
