@@ -80,6 +80,10 @@ def assert_complete_activation(root, spans, model_dir, *, plugin_only=False):
         assert 0.0 <= attrs[semconv.ATTR_PAGE_CACHE_RESIDENT] <= 1.0
         assert attrs[semconv.ATTR_FS_TYPE]
         assert parent_name(spans, shard) == "Load weights"
+    assert sorted(s["attributes"][semconv.ATTR_SHARD_INDEX] for s in shards) == \
+        list(range(len(files)))
+    (processed,) = by_name(spans, semconv.SPAN_PROCESS_WEIGHTS)
+    assert processed["attributes"][semconv.ATTR_LOAD_MODEL_BYTES] > 0
     (weights,) = by_name(spans, "Load weights")
     assert weights["attributes"][semconv.ATTR_LOAD_SHARDS] == len(files)
     assert weights["attributes"][semconv.ATTR_LOAD_GB_PER_S] > 0
@@ -98,6 +102,7 @@ def assert_complete_activation(root, spans, model_dir, *, plugin_only=False):
 
     (device,) = by_name(spans, semconv.SPAN_DEVICE_INIT)
     assert device["attributes"][semconv.ATTR_STAGE] == semconv.STAGE_WARMUP_DEVICE_INIT
+    assert device["attributes"][semconv.ATTR_DEVICE_NAME]
 
     # Every span we or vLLM opened during start-up names its stage. Through the plugin alone, a
     # vLLM span that opened before vLLM loaded plugins in that process cannot be tagged; its

@@ -71,6 +71,25 @@ def test_failing_hook_leaves_vllm_running_and_logs_once(fake_pkg, caplog):
     assert sum("t.broken" in r.getMessage() for r in caplog.records) == 1
 
 
+def test_failing_hook_marks_the_open_span(fake_pkg):
+    from opentelemetry import trace
+
+    from otel_ttft import semconv
+    from tests.otel_memory import memory_exporter
+
+    exporter = memory_exporter()
+    exporter.clear()
+
+    def broken(call, instance, args, kwargs):
+        raise RuntimeError("our bug")
+
+    HookSet([Hook("t.marked", f"{fake_pkg}:helper", broken)]).apply()
+    with trace.get_tracer("test").start_as_current_span("Load weights"):
+        assert __import__(fake_pkg).helper(1) == 2
+    (span,) = exporter.get_finished_spans()
+    assert span.attributes[semconv.ATTR_HOOK_ERROR].startswith("t.marked: RuntimeError")
+
+
 def test_failure_after_the_call_keeps_vllms_result(fake_pkg):
     runs = []
 

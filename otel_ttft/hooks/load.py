@@ -25,6 +25,7 @@ class _LoadTotals:
     """What the shards of one ``get_all_weights`` pass add up to."""
 
     def __init__(self) -> None:
+        self.opened = 0  # shards whose first tensor was read: the next shard's index
         self.shards = 0
         self.bytes = 0
         self.read_s = 0.0
@@ -76,12 +77,15 @@ class _TracedShard(wrapt.ObjectProxy):
             semconv.SPAN_SHARD_READ, context=self._self_parent, start_time=self._self_open_ns)
         spans.tag_span(self._self_span, semconv.STAGE_LOAD_READ, {
             semconv.ATTR_SHARD_PATH: path,
+            semconv.ATTR_SHARD_INDEX: _totals.opened if _totals is not None else None,
             semconv.ATTR_SHARD_BYTES: size,
             semconv.ATTR_LOAD_FORMAT: "safetensors",
             semconv.ATTR_FS_TYPE: pagecache.filesystem_type(path),
             semconv.ATTR_PAGE_CACHE_RESIDENT: self._self_resident,
         })
         self._self_bytes = size
+        if _totals is not None:
+            _totals.opened += 1
 
     def get_tensor(self, name: str) -> Any:
         if self._self_hook.failed:
@@ -183,8 +187,16 @@ def _device_is_accelerator() -> bool:
 
 
 def _wrap_process_weights(call, instance, args, kwargs):
-    with spans.stage_span(semconv.SPAN_PROCESS_WEIGHTS, semconv.STAGE_LOAD_PROCESS):
-        return call(*args, **kwargs)
+    with spans.stage_span(semconv.SPAN_PROCESS_WEIGHTS, semconv.STAGE_LOAD_PROCESS) as span:
+        result = call(*args, **kwargs)
+        model = args[0] if args else kwargs.get("model")
+        span.set_attribute(semconv.ATTR_LOAD_MODEL_BYTES, _parameter_bytes(model))
+        return result
+
+
+def _parameter_bytes(model: Any) -> int:
+    """What the model holds on its device once loading and post-processing are done."""
+    return sum(_tensor_nbytes(p) for p in model.parameters())
 
 
 SAFE_OPEN = Hook("load.shard_read", f"{_WEIGHT_UTILS}:safe_open", _wrap_safe_open,

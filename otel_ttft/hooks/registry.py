@@ -15,7 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import wrapt
+from opentelemetry import trace
 from opentelemetry.instrumentation.utils import unwrap
+
+from otel_ttft.semconv import ATTR_HOOK_ERROR
 
 logger = logging.getLogger("otel_ttft")
 
@@ -69,6 +72,9 @@ def report_failure(hook: Hook, exc: BaseException) -> None:
         hook.failed = True
         logger.warning("otel-ttft hook %s failed and is now disabled: %r", hook.name, exc,
                        exc_info=exc)
+        span = trace.get_current_span()
+        if span.is_recording():  # the trace shows where our numbers stop
+            span.set_attribute(ATTR_HOOK_ERROR, f"{hook.name}: {exc!r}")
 
 
 def _guard(hook: Hook) -> WrapperFn:

@@ -19,10 +19,23 @@ _GPU_RUNNER = "vllm.v1.worker.gpu_model_runner"
 
 
 def _wrap_device_init(call, instance, args, kwargs):
-    attrs = {semconv.ATTR_DEVICE_TYPE: "cpu"}
+    attrs = {semconv.ATTR_DEVICE_TYPE: "cpu", semconv.ATTR_DEVICE_NAME: _cpu_model()}
     with spans.stage_span(semconv.SPAN_DEVICE_INIT, semconv.STAGE_WARMUP_DEVICE_INIT,
                           enrich="Init device", attributes=attrs):
         return call(*args, **kwargs)
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or None
 
 
 def _wrap_profile_run(call, instance, args, kwargs):
