@@ -177,9 +177,13 @@ def test_activation_through_the_vllm_plugin_alone_eager(receiver, tiny_model, tm
         post(f"{server.url}/sleep?level=1")
         post(f"{server.url}/wake_up")
         assert complete(server, tiny_model, "after the wake-up")
-        receiver.wait_for_spans(lambda s: any(
-            x["name"] == semconv.SPAN_REQUEST and
-            x["attributes"].get(semconv.ATTR_ACTIVATION_KIND) == "wake" for x in s), 30)
+
+        def wake_traced(spans):
+            names = {x["name"] for x in spans}
+            return {semconv.SPAN_SLEEP, semconv.SPAN_WAKE_UP} <= names and any(
+                x["name"] == semconv.SPAN_REQUEST and
+                x["attributes"].get(semconv.ATTR_ACTIVATION_KIND) == "wake" for x in spans)
+        receiver.wait_for_spans(wake_traced, 60)  # each process exports on its own schedule
     spans = receiver.store.spans()
     (sleep,) = by_name(spans, semconv.SPAN_SLEEP)
     assert sleep["attributes"][semconv.ATTR_STAGE] == semconv.STAGE_SWITCH_SLEEP
