@@ -173,14 +173,11 @@ def test_concurrent_streams_tile_their_ttft(receiver, tiny_model, tmp_path):
     with VllmServer(tiny_model, env=env, log_path=tmp_path / "server.log") as server:
         first = complete(server.url, model, marker() + " hello", stream=False)
         prompts = [f"{marker()} request {i} " + "tell me a story " * 4 for i in range(64)]
-        # Long generations, dropped after the first chunk: as long as the context allows, so the
-        # server sees the client leave before it could finish (200 tokens sometimes finished first).
-        dropped = set(range(0, 64, 16))
-        drop_tokens = 420
+        dropped = set(range(0, 64, 16))  # long generations, dropped after the first chunk
         with ThreadPoolExecutor(64) as pool:
             calls = list(pool.map(
                 lambda i: complete(server.url, model, prompts[i],
-                                   max_tokens=drop_tokens if i in dropped else 4,
+                                   max_tokens=200 if i in dropped else 4,
                                    abandon_after=1 if i in dropped else None), range(64)))
         short, long_ = [], []
         for i in range(7):
@@ -217,7 +214,7 @@ def test_concurrent_streams_tile_their_ttft(receiver, tiny_model, tmp_path):
         assert semconv.ATTR_REQUEST_ARRIVAL_KV_FREE in attrs
         if i in dropped:  # the client left: the span still ends, marked aborted
             assert attrs.get(semconv.ATTR_REQUEST_ABORTED) is True
-            assert attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] < drop_tokens
+            assert attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] < 200
         else:
             assert semconv.SPAN_REQUEST_FIRST_DECODE in {c["name"] for c in children(spans, req)}
             assert semconv.ATTR_REQUEST_ABORTED not in attrs
