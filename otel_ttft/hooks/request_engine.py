@@ -256,9 +256,32 @@ def wrap_load_adapter(wrapped: Callable[..., Any], instance: Any, args: tuple,
     return result
 
 
-def note_compile(start: float) -> None:
-    """A compile that ran from ``start`` until now (timed by the warmup.compile hook)."""
-    _note_warmup(COMPILE, 0, start)
+class _TimedCompile:
+    """Wraps the context manager ``monitor_torch_compile`` returns; times what it brackets."""
+
+    __slots__ = ("inner", "start")
+
+    def __init__(self, inner: Any):
+        self.inner, self.start = inner, 0.0
+
+    def __enter__(self) -> Any:
+        self.start = time.monotonic()
+        return self.inner.__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        try:
+            return self.inner.__exit__(*exc)
+        finally:
+            _note_warmup(COMPILE, 0, self.start)
+
+
+def wrap_monitor_torch_compile(wrapped: Callable[..., Any], instance: Any, args: tuple,
+                               kwargs: dict) -> Any:
+    """Times compiles; not the AOT-cache load probe (``announce_start=False``), which a server
+    whose warm-up was skipped repeats on every step without compiling anything."""
+    if kwargs.get("announce_start") is False:
+        return wrapped(*args, **kwargs)
+    return _TimedCompile(wrapped(*args, **kwargs))
 
 
 def _note_warmup(kind: str, lora_id: int, start: float) -> None:

@@ -8,13 +8,11 @@ the profile run, torch.compile) we open ours.
 from __future__ import annotations
 
 import contextlib
-import time
 from typing import Any
 
 from opentelemetry import trace
 
 from otel_ttft import semconv, spans
-from otel_ttft.hooks import request_engine
 from otel_ttft.hooks.registry import Hook, report_failure
 
 _GPU_RUNNER = "vllm.v1.worker.gpu_model_runner"
@@ -72,27 +70,15 @@ def _traced_compile(inner_cm, vllm_config: Any, aot_probe: bool):
     counter = _compilation_counter()
     before = counter.clone()
     with spans.stage_span(semconv.SPAN_TORCH_COMPILE, semconv.STAGE_WARMUP_COMPILE,
-                          attributes=_compile_attributes(vllm_config)) as span, \
-            _timed_for_requests(inner_cm):
+                          attributes=_compile_attributes(vllm_config)) as span:
         try:
-            yield
+            with inner_cm:
+                yield
         finally:  # a failed AOT-cache load is a miss worth seeing, so record it too
             try:
                 span.set_attributes(_compile_outcome(counter, before, aot_probe))
             except Exception as exc:  # noqa: BLE001 - bookkeeping must not fail the compile
                 report_failure(COMPILE, exc)
-
-
-@contextlib.contextmanager
-def _timed_for_requests(inner_cm):
-    """Hand the compile's time to the request path, which charges it to the requests that were
-    waiting for their first token meanwhile (none during start-up)."""
-    start = time.monotonic()
-    try:
-        with inner_cm:
-            yield
-    finally:
-        request_engine.note_compile(start)
 
 
 def _compile_outcome(counter: Any, before: Any, aot_probe: bool) -> dict[str, Any]:
@@ -116,10 +102,6 @@ def _wrap_monitor_torch_compile(call, instance, args, kwargs):
     Only the first load attempt per compiled module is a stage: when warm-up was skipped
     (``VLLM_CPU_CI_ENV=1``) vLLM repeats the probe on every forward, and a span per step would
     flood the trace and tax the hot path.
-
-    During start-up a span is current (the profile run, sent over collective_rpc) and the compile
-    gets its own span there. Without one, it happens inside a request's step: then it is only
-    timed, and the request path shows it once, inside the trees of the requests that waited on it.
     """
     inner = call(*args, **kwargs)
     aot_probe = kwargs.get("announce_start") is False
@@ -128,8 +110,6 @@ def _wrap_monitor_torch_compile(call, instance, args, kwargs):
         if tag in _probed_tags:
             return inner
         _probed_tags.add(tag)
-    if not trace.get_current_span().get_span_context().is_valid:
-        return _timed_for_requests(inner)
     vllm_config = args[0] if args else kwargs.get("vllm_config")
     return _traced_compile(inner, vllm_config, aot_probe=aot_probe)
 
