@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
 import threading
@@ -67,6 +68,64 @@ def _tree(args: argparse.Namespace) -> int:
     return 0
 
 
+def _analyze(args: argparse.Namespace) -> int:
+    from otel_ttft.analysis.analyze import AnalysisError, analyze
+    from otel_ttft.analysis.breakdown import collect
+    from otel_ttft.analysis.render import print_analysis
+    from otel_ttft.analysis.source import SourceError, iter_traces
+
+    try:
+        collected = collect(iter_traces(args.source, since_s=args.since, limit=args.limit))
+        doc = analyze(collected, baseline=args.baseline, run_id=args.run, source=args.source)
+    except (SourceError, AnalysisError) as exc:
+        print(f"otel-ttft analyze: {exc}", file=sys.stderr)
+        return 2
+    if not doc["requests"] and not doc["errors"]:
+        print(f"otel-ttft analyze: no requests with a first token in {args.source} "
+              f"({collected.spans} spans read)", file=sys.stderr)
+        return 2
+    print_analysis(doc, sys.stdout)
+    if args.json:
+        try:
+            write_json(Path(args.json), doc)
+        except OSError as exc:
+            print(f"otel-ttft analyze: cannot write {args.json}: {exc}", file=sys.stderr)
+            return 2
+        print(f"wrote {args.json}")
+    return 0
+
+
+def write_json(path: Path, doc: dict) -> None:
+    """Whole or not at all: written beside the target, then renamed over it."""
+    import json
+    import os
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1, allow_nan=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _positive(kind: type):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not value > 0 or value != value or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"must be a positive number: {text!r}")
+        return value
+    return parse
+
+
 def _demo(args: argparse.Namespace) -> int:
     from otel_ttft.replay.demo import run_demo
 
@@ -104,6 +163,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", help="only this trace id (32 hex)")
     p.add_argument("--max-depth", type=int, default=None)
     p.set_defaults(func=_tree)
+
+    p = sub.add_parser("analyze", help="split each first token into stages and name the stage "
+                                       "to fix")
+    p.add_argument("source", help="store directory, spans .jsonl / OTLP JSON file, or a Tempo "
+                                  "base URL (http://tempo:3200)")
+    p.add_argument("--json", metavar="FILE", help="also write the analysis (otel-ttft/analysis/v1)")
+    p.add_argument("--baseline", help="scenario to compare against (default: short-prompt, or "
+                                      "MODEL:warm for live traffic)")
+    p.add_argument("--run", help="only this replay run id (needed when runs differ)")
+    p.add_argument("--since", type=_positive(float), default=None,
+                   help="Tempo: search the last N seconds (default 86400)")
+    p.add_argument("--limit", type=_positive(int), default=None,
+                   help="Tempo: at most N traces (default 5000)")
+    p.set_defaults(func=_analyze)
 
     sub.add_parser("doctor", add_help=False, help="which hooks are live for the installed vLLM")
     return parser

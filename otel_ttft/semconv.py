@@ -229,3 +229,37 @@ ENV_COLD_REQUESTS = "OTEL_TTFT_COLD_REQUESTS"
 DEFAULT_COLD_REQUESTS = 3
 # EngineCore -> API: our per-request counts ride on the first EngineCoreOutput's trace_headers
 ENGINE_PAYLOAD_HEADER = "x-otel-ttft"
+
+# --- issue 6: replay client spans (emitted by `otel-ttft replay`, read by `otel-ttft analyze`) ---
+# The replay client is traced like any caller: its request span is the root of the request's
+# trace, so analysis reads scenario and client TTFT from the same backend as the server spans.
+SPAN_SWITCH = "switch"  # outgoing server: stop signal / sleep request -> engine processes gone
+ATTR_SWITCH_REASON = "ttft.switch.reason"  # signal | sleep
+SPAN_REPLAY_RUN = "replay.run"
+SPAN_REPLAY_REQUEST = "replay.request"
+ATTR_REPLAY_RUN_ID = "ttft.replay.run_id"
+ATTR_REPLAY_DRIVER = "ttft.replay.driver"  # restart | sleep | resident | proxy
+ATTR_REPLAY_MODELS = "ttft.replay.models"
+ATTR_REPLAY_CLIENT = "ttft.replay.client"
+ATTR_REPLAY_SAMPLING = "ttft.replay.sampling"  # JSON: temperature, max_tokens, seed
+ATTR_REPLAY_CONCURRENCY = "ttft.replay.concurrency"
+ATTR_REPLAY_PROMPTS = "ttft.replay.prompts"  # JSON: prompt name -> tokens, sha256 (never text)
+ATTR_REPLAY_REPEAT = "ttft.replay.repeat"
+ATTR_REPLAY_SCENARIOS = "ttft.replay.scenarios"
+ATTR_REPLAY_SCENARIO = "ttft.replay.scenario"
+ATTR_REPLAY_REPEAT_INDEX = "ttft.replay.repeat_index"
+ATTR_REPLAY_PROMPT = "ttft.replay.prompt"  # short | long
+ATTR_REPLAY_SWITCH_FROM = "ttft.replay.switch_from"
+ATTR_REPLAY_ERROR = "ttft.replay.error"
+ATTR_CLIENT_TTFT = "ttft.client.time_to_first_token"  # s: request made -> first content chunk
+ATTR_CLIENT_REQUEST_SENT_NS = "ttft.client.request_sent_ns"  # epoch ns: HTTP request sent
+
+# Replay scenarios (the article's five, plus multi-adapter servers), in replay order.
+SCENARIO_COLD_SWITCH = "cold-switch"
+SCENARIO_SWITCH_BACK = "switch-back"
+SCENARIO_RESIDENT_DUAL = "resident-dual"
+SCENARIO_SHORT_PROMPT = "short-prompt"
+SCENARIO_LONG_PROMPT = "long-prompt"
+SCENARIO_ADAPTER_SWITCH = "adapter-switch"
+SCENARIOS = (SCENARIO_COLD_SWITCH, SCENARIO_SWITCH_BACK, SCENARIO_RESIDENT_DUAL,
+             SCENARIO_SHORT_PROMPT, SCENARIO_LONG_PROMPT, SCENARIO_ADAPTER_SWITCH)

@@ -1,0 +1,70 @@
+"""The analysis as terminal text: one breakdown table per scenario first, then the verdicts."""
+
+from __future__ import annotations
+
+from typing import TextIO
+
+import os
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from otel_ttft.analysis.breakdown import PIPELINE
+from otel_ttft.analysis.tree import format_duration
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return "·" if value == 0 else format_duration(value)
+
+
+def _model(name: object) -> str:
+    """A model given as a local path reads as its directory name."""
+    return os.path.basename(str(name).rstrip("/")) or str(name)
+
+
+def print_analysis(doc: dict, out: TextIO, *, width: int | None = None) -> None:
+    console = Console(file=out, width=width or 140, highlight=False, soft_wrap=False,
+                      force_terminal=False, color_system=None)
+    run = doc.get("run") or {}
+    if run.get("run_id"):
+        console.print(f"replay run {run['run_id']}: driver {run.get('driver')}, models "
+                      f"{', '.join(map(str, run.get('models') or []))}, concurrency "
+                      f"{run.get('concurrency')}, sampling {run.get('sampling')}")
+    for name, summary in doc["scenarios"].items():
+        rows = [r for r in doc["requests"] if r["scenario"] == name]
+        table = Table(title=f"{name}  (n={summary['n']}, client TTFT p50 "
+                            f"{_seconds(summary['ttft_p50_s'])})", title_justify="left",
+                      box=box.SIMPLE_HEAD, pad_edge=False)
+        table.add_column("request", no_wrap=True)
+        table.add_column("model", overflow="fold")
+        table.add_column("tokens", justify="right")
+        table.add_column("client TTFT", justify="right")
+        for stage in PIPELINE:
+            table.add_column(stage, justify="right")
+        table.add_column("largest sub-stage", no_wrap=True)
+        for r in rows:
+            top = max(r["substages"].items(), key=lambda kv: kv[1], default=None)
+            table.add_row(
+                r["trace_id"][:8], _model(r["model"]), str(r["prompt_tokens"] or "-"),
+                _seconds(r["client_ttft_s"]), *(_seconds(r["stages"][s]) for s in PIPELINE),
+                f"{top[0]} {_seconds(top[1])}" if top else "-")
+        table.add_section()
+        table.add_row("p50", "", "", _seconds(summary["ttft_p50_s"]),
+                      *(_seconds(summary["stages_p50"][s]) for s in PIPELINE), "")
+        console.print(table)
+    for error in doc.get("errors") or []:
+        console.print(f"failed request {error['trace_id'][:8]} ({error['scenario']}): "
+                      f"{error['error']}")
+    if not doc["verdicts"]:
+        console.print("no verdicts: no baseline scenario to compare with (replay a warm "
+                      "short prompt, or pass --baseline)")
+    console.print("")
+    console.print("Verdicts (earliest stage that expanded against the baseline):")
+    for v in doc["verdicts"]:
+        console.print(f"- {v.get('summary') or v['scenario']}")
+        note = (v.get("evidence") or {}).get("note")
+        if note:
+            console.print(f"    note: {note}")
