@@ -7,6 +7,7 @@ the verdicts that are drawn from it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 from otel_ttft import semconv
@@ -27,7 +28,8 @@ def scenario_of(request: RequestSummary) -> str:
     request was the first after an activation (or waited for warm-up work) or a warm one."""
     if request.scenario:
         return request.scenario
-    return f"{request.model or 'unknown'}:{FIRST if request.first_after_activation else WARM}"
+    model = os.path.basename((request.model or "unknown").rstrip("/")) or request.model
+    return f"{model}:{FIRST if request.first_after_activation else WARM}"
 
 
 def default_baseline(scenario: str, scenarios: Iterable[str]) -> str | None:

@@ -20,7 +20,7 @@ from otel_ttft.analysis.breakdown import PIPELINE
 
 MATERIAL_SHARE = 0.10  # of the scenario's TTFT increase
 NOISE_FLOOR_S = 0.002  # below this no two runs on one machine are told apart
-NOISE_K = 3.0  # spreads (robust standard deviations) a delta must exceed
+NOISE_K = 2.0  # standard deviations (of baseline and scenario, combined) a delta must exceed
 
 KEEP_RESIDENT = "keep-resident"
 PERSIST_ARTIFACTS = "persist-artifacts"
@@ -74,11 +74,9 @@ def median(values: Sequence[float]) -> float:
 
 
 def spread(values: Sequence[float]) -> float:
-    """Robust standard deviation (1.4826 x median absolute deviation); 0 with fewer than 2."""
-    if len(values) < 2:
-        return 0.0
-    mid = statistics.median(values)
-    return 1.4826 * statistics.median(abs(v - mid) for v in values)
+    """Sample standard deviation across repeats; 0 with fewer than 2. Not a robust estimate on
+    purpose: one slow repeat in the baseline should make a verdict more careful, not less."""
+    return statistics.stdev(values) if len(values) >= 2 else 0.0
 
 
 def noise(base: Sequence[float], scenario: Sequence[float]) -> float:
