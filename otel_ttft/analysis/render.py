@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TextIO
-
 import os
+from typing import TextIO
 
 from rich import box
 from rich.console import Console

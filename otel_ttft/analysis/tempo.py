@@ -1,6 +1,6 @@
 """Read the traces `analyze` needs from a Tempo: TraceQL search, then each trace by id.
 
-Tempo answers ``GET /api/search?q=<TraceQL>&start&end&limit`` with ``{"traces": [{"traceID": ...}]}``
+Tempo answers ``GET /api/search?q=<TraceQL>&start&end&limit`` with ``{"traces": [...]}``
 and ``GET /api/traces/<id>`` with OTLP JSON under ``batches`` (``resourceSpans`` in newer
 versions, wrapped in ``{"trace": ...}`` by ``/api/v2/traces``); ids there are base64 or hex.
 """
