@@ -20,6 +20,7 @@ from otel_ttft.analysis.breakdown import PIPELINE
 
 MATERIAL_SHARE = 0.10  # of the scenario's TTFT increase
 NOISE_FLOOR_S = 0.002  # below this no two runs on one machine are told apart
+NOISE_FLOOR_SHARE = 0.05  # of the baseline's TTFT: the floor when repeats are too few to measure
 NOISE_K = 2.0  # standard deviations (of baseline and scenario, combined) a delta must exceed
 
 KEEP_RESIDENT = "keep-resident"
@@ -79,8 +80,9 @@ def spread(values: Sequence[float]) -> float:
     return statistics.stdev(values) if len(values) >= 2 else 0.0
 
 
-def noise(base: Sequence[float], scenario: Sequence[float]) -> float:
-    return max(NOISE_FLOOR_S, NOISE_K * math.hypot(spread(base), spread(scenario)))
+def noise(base: Sequence[float], scenario: Sequence[float], floor: float = NOISE_FLOOR_S
+          ) -> float:
+    return max(floor, NOISE_K * math.hypot(spread(base), spread(scenario)))
 
 
 def fix_for(substage: str | None, stage: str) -> tuple[str, str]:
@@ -92,7 +94,8 @@ def verdict(scenario: str, baseline: str, rows: list[dict], base_rows: list[dict
     ttft = [r["client_ttft_s"] for r in rows]
     base_ttft = [r["client_ttft_s"] for r in base_rows]
     increase = median(ttft) - median(base_ttft)
-    ttft_noise = noise(base_ttft, ttft)
+    floor = max(NOISE_FLOOR_S, NOISE_FLOOR_SHARE * median(base_ttft))
+    ttft_noise = noise(base_ttft, ttft, floor)
     evidence = _evidence(rows, base_rows)
     evidence.update(ttft_delta_s=round(increase, 6), noise_s=round(ttft_noise, 6))
     out = {"scenario": scenario, "baseline": baseline, "stage": NONE, "substage": None,
@@ -106,7 +109,8 @@ def verdict(scenario: str, baseline: str, rows: list[dict], base_rows: list[dict
     for stage in PIPELINE:
         values = [r["stages"][stage] for r in rows]
         base_values = [r["stages"][stage] for r in base_rows]
-        deltas[stage] = (median(values) - median(base_values), noise(base_values, values))
+        deltas[stage] = (median(values) - median(base_values),
+                         noise(base_values, values, floor))
     skipped = []
     chosen = None
     for stage in PIPELINE:

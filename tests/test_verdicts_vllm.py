@@ -1,0 +1,124 @@
+"""Verdicts on a real vLLM (CPU build, tiny model) where the test made the cause, read back over
+real OTLP from the embedded store, through `otel-ttft analyze`.
+
+One server, started with compile skipped at start-up (``VLLM_CPU_CI_ENV=1``, so the first
+request carries the torch.compile) and six KV blocks (so concurrent long prompts wait for
+admission). Two replay runs with fixed client settings each: concurrency 1 (first request, warm
+short prompts, long prompts) and concurrency 6 (short prompts that fit, long ones that do not).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from otel_ttft import cli, semconv
+from otel_ttft.replay.client import ChatClient, Sampling, make_tracer_provider
+from otel_ttft.replay.prompts import build_prompts, tokenizer_counter
+from otel_ttft.replay.server import VllmServer
+from tests.export_env import EXPORT_ENV
+
+pytestmark = pytest.mark.vllm
+
+MAX_MODEL_LEN = 512
+
+
+def _run(tracer, run_id: str, concurrency: int, prompts, steps, url: str, model: str) -> None:
+    """One replay run span; ``steps`` are (scenario, prompt kind, how many) in order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from opentelemetry import context as otel_context
+
+    client = ChatClient(tracer, Sampling(max_tokens=8))
+    run = tracer.start_span(semconv.SPAN_REPLAY_RUN, context=otel_context.Context(), attributes={
+        semconv.ATTR_REPLAY_RUN_ID: run_id, semconv.ATTR_REPLAY_DRIVER: "resident",
+        semconv.ATTR_REPLAY_MODELS: [model], semconv.ATTR_REPLAY_CLIENT: "verdict-test",
+        semconv.ATTR_REPLAY_SAMPLING: client.sampling.record(),
+        semconv.ATTR_REPLAY_CONCURRENCY: concurrency,
+        semconv.ATTR_REPLAY_PROMPTS: prompts.record(), semconv.ATTR_REPLAY_REPEAT: 1})
+    try:
+        for scenario, kind, count in steps:
+            attrs = {semconv.ATTR_REPLAY_RUN_ID: run_id, semconv.ATTR_REPLAY_SCENARIO: scenario,
+                     semconv.ATTR_REPLAY_PROMPT: kind}
+            messages = prompts.get(kind).messages()
+            for _ in range(count):
+                with ThreadPoolExecutor(concurrency) as pool:
+                    results = list(pool.map(
+                        lambda _i: client.request(model, messages, lambda: url, attrs),
+                        range(concurrency)))
+                assert all(r.error is None for r in results), [r.error for r in results]
+    finally:
+        run.end()
+        client.close()
+
+
+def _wait_for(store_dir: Path, scenario_counts: dict[str, int], timeout_s: float = 60) -> None:
+    from otel_ttft.analysis.traces import load_spans
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        spans = load_spans(store_dir)
+        got = {}
+        for s in spans:
+            if s["name"] == semconv.SPAN_REQUEST:
+                got[s["trace_id"]] = True
+        clients = [s for s in spans if s["name"] == semconv.SPAN_REPLAY_REQUEST
+                   and s["trace_id"] in got]
+        if len(clients) >= sum(scenario_counts.values()):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{len(clients)} answered replay requests arrived, want "
+                                 f"{sum(scenario_counts.values())}")
+        time.sleep(0.5)
+
+
+def _analyze(store: Path, out: Path, *args: str) -> dict:
+    assert cli.main(["analyze", str(store), "--json", str(out), *args]) == 0
+    return json.loads(out.read_text())
+
+
+def _verdict(doc: dict, scenario: str) -> dict:
+    return next(v for v in doc["verdicts"] if v["scenario"] == scenario)
+
+
+def test_verdicts_name_the_cause_the_test_made(receiver, tiny_model, tmp_path, capsys):
+    model = str(tiny_model)
+    env = {**EXPORT_ENV, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.http_endpoint,
+           "VLLM_CPU_CI_ENV": "1"}
+    args = ("--num-gpu-blocks-override", "6")
+    provider = make_tracer_provider(receiver.http_endpoint)
+    tracer = provider.get_tracer("verdict-test")
+    prompts = build_prompts(tokenizer_counter(model), MAX_MODEL_LEN, 8)
+    with VllmServer(tiny_model, env=env, extra_args=args,
+                    log_path=tmp_path / "server.log") as server:
+        _run(tracer, "sequential", 1, prompts, [
+            ("first-request", "short", 1), (semconv.SCENARIO_SHORT_PROMPT, "short", 4),
+            (semconv.SCENARIO_LONG_PROMPT, "long", 3)], server.url, model)
+        _run(tracer, "burst", 6, prompts, [
+            ("short-burst", "short", 2), ("tiny-kv-burst", "long", 1)], server.url, model)
+        provider.force_flush()
+        _wait_for(receiver.store.directory, {"all": 1 + 4 + 3 + 12 + 6})
+    provider.shutdown()
+    store = receiver.store.directory
+
+    # Mixed client settings are refused, with the runs named.
+    assert cli.main(["analyze", str(store)]) == 2
+    assert "different client settings" in capsys.readouterr().err
+
+    seq = _analyze(store, tmp_path / "seq.json", "--run", "sequential")
+    for r in seq["requests"]:
+        assert sum(r["stages"].values()) == pytest.approx(r["client_ttft_s"], rel=0.01)
+    first = _verdict(seq, "first-request")
+    assert (first["stage"], first["substage"], first["recommendation"]) == (
+        "warmup", "warmup.compile", "persist-artifacts"), first
+    long = _verdict(seq, semconv.SCENARIO_LONG_PROMPT)
+    assert (long["stage"], long["recommendation"]) == ("prefill", "tune-context"), long
+    assert "only correlated" in long["evidence"]["note"]
+
+    burst = _analyze(store, tmp_path / "burst.json", "--run", "burst", "--baseline",
+                     "short-burst")
+    blocked = _verdict(burst, "tiny-kv-burst")
+    assert (blocked["stage"], blocked["recommendation"]) == ("queue", "tune-admission"), blocked
