@@ -237,7 +237,10 @@ def build_stacked(analysis: Analysis, names: list[str]) -> dict[str, Any]:
 def _show(value: Any, limit: int = 300) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
-    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    try:
+        text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    except (RecursionError, ValueError):
+        text = "(nested too deeply to show)"
     return short(text, limit)
 
 
