@@ -30,6 +30,7 @@ FAMILY_COLOURS = {
     semconv.STAGE_NETWORK: "#56B4E9", semconv.STAGE_FIRST_DECODE: "#999999",
 }
 OTHER_COLOUR = "#777777"
+NONE_COLOUR = "#9aa3ad"
 DARK_TEXT_ON = {semconv.STAGE_QUEUE, semconv.STAGE_NETWORK, semconv.STAGE_LOAD,
                 semconv.STAGE_SWITCH, semconv.STAGE_FIRST_DECODE}
 
@@ -121,6 +122,8 @@ class Waterfall:
     ttft_x: float = 0.0
     axis_y: float = 0.0
     hidden: int = 0
+    ttft: str = ""
+    median: str = ""
     evidence: list[tuple[str, str]] = field(default_factory=list)
 
 
@@ -174,6 +177,7 @@ def build_waterfall(scenario: str, requests: list[Request], target_s: float) -> 
 
     wf = Waterfall(scenario, req, target_s, len(requests), 0.0)
     wf.evidence = _evidence_rows(req)
+    wf.ttft, wf.median = fmt_s(req.client_ttft_s), fmt_s(target_s)
     strip = segs
     if len(strip) > MAX_STRIP:
         longest = sorted(segs, key=lambda s: -s.duration_s)[:MAX_STRIP]
@@ -234,7 +238,9 @@ def build_stacked(analysis: Analysis, names: list[str]) -> dict[str, Any]:
     return {"rows": rows, "height": height, "axis_y": height - 24, "ticks": ticks}
 
 
-def _show(value: Any, limit: int = 300) -> str:
+def _show(value: Any, limit: int = 300, key: str = "") -> str:
+    if key.endswith("_s") and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return fmt_s(value)
     if isinstance(value, float):
         return f"{value:.4g}"
     try:
@@ -263,9 +269,11 @@ def build_context(analysis: Analysis) -> dict[str, Any]:
                for n, s in analysis.scenarios.items()]
     verdicts = [{
         "v": v, "where": v.substage or v.stage, "family": semconv.stage_family(v.stage),
-        "colour": colour(semconv.stage_family(v.stage)), "delta": fmt_s(v.delta_s),
+        "colour": NONE_COLOUR if v.recommendation == "none"
+        else colour(semconv.stage_family(v.stage)),
+        "delta": fmt_s(v.delta_s),
         "advice": RECOMMENDATIONS.get(v.recommendation, ""),
-        "evidence": [(k, _show(val)) for k, val in list(v.evidence.items())[:40]],
+        "evidence": [(k, _show(val, key=k)) for k, val in list(v.evidence.items())[:40]],
     } for v in analysis.verdicts]
     run = analysis.run
     settings = [("client", run.client), ("sampling", _show(run.sampling, 500)),
