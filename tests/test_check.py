@@ -142,3 +142,11 @@ def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert main(["check", str(slow), str(base), "--stage", "load=2"]) == 0
     assert main(["check", str(slow), str(base), "--max-growth", "bad"]) == 2
     assert "--max-growth must be a number" in capsys.readouterr().err
+
+
+def test_names_from_the_input_cannot_drive_the_terminal() -> None:
+    base, cur = build_analysis(), build_analysis(factor={"load.read": 2.0})
+    for d in (base, cur):
+        d["scenarios"]["\x1b[2J\nevil"] = d["scenarios"].pop("cold-switch")
+    rc, out, _ = check(Analysis.model_validate(cur), Analysis.model_validate(base))
+    assert rc == 1 and "\x1b" not in out and "?[2J?evil load.read" in out

@@ -211,3 +211,38 @@ def test_page_loads_nothing(rendered, chromium: str, tmp_path: Path) -> None:
 def test_parse_accepts_what_the_fixture_writes() -> None:
     doc = parse_analysis(json.dumps(build_analysis()))
     assert len(doc.requests) == 18 and list(doc.scenarios) == list(PROFILES)
+
+
+def test_many_segments_become_bounded_rows_and_no_segments_still_render() -> None:
+    from otel_ttft.analysis.report import MAX_ROWS, build_context
+
+    data = build_analysis(repeat=1)
+    req = next(r for r in data["requests"] if r["scenario"] == "long-prompt")
+    # 5000 alternating decode-like steps: adjacent ones differ, so no merging helps
+    req["segments"] = [{"stage": "prefill", "substage": f"prefill.{i % 2}", "start_s": i * 0.001,
+                        "duration_s": 0.001 * (1 + (i == 1234))} for i in range(5000)]
+    empty = next(r for r in data["requests"] if r["scenario"] == "short-prompt")
+    empty["segments"] = []
+    data["scenarios"]["never-ran"] = dict(data["scenarios"]["short-prompt"])
+    ctx = build_context(Analysis.model_validate(data))
+    by_name = {w if isinstance(w, str) else w.scenario: w for w in ctx["waterfalls"]}
+    long_wf = by_name["long-prompt"]
+    assert len(long_wf.rows) == MAX_ROWS and long_wf.hidden == 5000 - MAX_ROWS
+    assert any(r["full"] == "prefill.0" and r["value"] == "2.0 ms" for r in long_wf.rows)
+    assert by_name["short-prompt"].rows == [] and by_name["never-ran"] == "never-ran"
+    html = render_report(Analysis.model_validate(data))
+    assert "shorter segments are not drawn" in html and "carries no segments" in html
+    assert "No request of this scenario" in html
+
+
+def test_adjacent_segments_of_one_substage_merge() -> None:
+    from otel_ttft.analysis.report import build_waterfall
+
+    data = build_analysis(repeat=1)
+    req = next(r for r in data["requests"] if r["scenario"] == "short-prompt")
+    req["segments"] = [{"stage": "prefill", "substage": "prefill", "start_s": i * 0.01,
+                        "duration_s": 0.01} for i in range(10)]
+    doc = Analysis.model_validate(data)
+    wf = build_waterfall("short-prompt", [r for r in doc.requests
+                                          if r.scenario == "short-prompt"], 0.1)
+    assert [(r["full"], r["value"]) for r in wf.rows] == [("prefill", "100 ms")]

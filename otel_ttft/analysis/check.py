@@ -19,6 +19,12 @@ from otel_ttft.semconv import stage_family
 RUN_KEYS = ("client", "sampling", "concurrency", "prompts")
 
 
+def printable(text: object, limit: int = 80) -> str:
+    """Names come from the input: no terminal control sequences, no line breaks, bounded."""
+    text = "".join(c if c.isprintable() else "?" for c in str(text))
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class ThresholdError(ValueError):
     """A threshold setting that cannot be used; one line."""
 
@@ -58,7 +64,8 @@ class Change:
 
     def describe(self) -> str:
         growth = f", {self.delta_s / self.before_s:+.0%}" if self.before_s > 0 else ""
-        return (f"{self.scenario} {self.stage}: {self.before_s:.3f}s -> {self.after_s:.3f}s "
+        return (f"{printable(self.scenario)} {printable(self.stage)}: "
+                f"{self.before_s:.3f}s -> {self.after_s:.3f}s "
                 f"({self.delta_s:+.3f}s{growth}; allowed +{self.limit_s:.3f}s: "
                 f"{self.ratio:.0%} of before, at least {self.floor_s:.3f}s)")
 
@@ -138,7 +145,7 @@ def run_differences(current: Analysis, baseline: Analysis) -> list[str]:
     for key in RUN_KEYS:
         a, b = getattr(current.run, key), getattr(baseline.run, key)
         if a != b:
-            diffs.append(f"{key} {str(b)[:60]} -> {str(a)[:60]}")
+            diffs.append(f"{key} {printable(b, 60)} -> {printable(a, 60)}")
     return diffs
 
 
@@ -176,7 +183,7 @@ def run_check(current: Analysis, baseline: Analysis, thresholds: Thresholds, *,
         return 2
     missing = [n for n in baseline.scenarios if n not in current.scenarios]
     if missing:
-        print(f"note: not in the current run: {', '.join(missing)}", file=out)
+        print(f"note: not in the current run: {printable(', '.join(missing), 300)}", file=out)
     changes = compare(current, baseline, thresholds)
     regressions = [c for c in changes if c.regressed]
     for c in regressions:
@@ -186,7 +193,8 @@ def run_check(current: Analysis, baseline: Analysis, thresholds: Thresholds, *,
     if regressions:
         print(f"FAIL: {len(regressions)} regression(s) across {scope}", file=out)
         return 1
-    largest = (f"largest growth {worst.scenario} {worst.stage} {worst.delta_s:+.3f}s"
+    largest = (f"largest growth {printable(worst.scenario)} {printable(worst.stage)} "
+               f"{worst.delta_s:+.3f}s"
                if worst.delta_s > 0 else "nothing grew")
     print(f"ok: {scope} within thresholds; {largest}", file=out)
     return 0

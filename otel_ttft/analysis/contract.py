@@ -42,9 +42,9 @@ class _Model(BaseModel):
 
 class Run(_Model):
     client: Name
-    sampling: dict[str, Any]
+    sampling: dict[str, Any] | Name  # an object; the JSON text the replay span carries also does
     concurrency: int
-    prompts: dict[str, Any]
+    prompts: dict[str, Any] | Name
     driver: Name = ""
     models: list[Name] = Field(default_factory=list, max_length=1000)
     repeat: int | None = None

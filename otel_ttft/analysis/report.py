@@ -255,10 +255,11 @@ def build_context(analysis: Analysis) -> dict[str, Any]:
     for r in analysis.requests:
         by_scenario.setdefault(r.scenario, []).append(r)
     names = analysis.scenario_names()
-    waterfalls = []
+    waterfalls: list[Waterfall | str] = []  # a bare name: a scenario without requests
     for name in names:
         reqs = by_scenario.get(name, [])
         if not reqs:
+            waterfalls.append(name)
             continue
         sc = analysis.scenarios.get(name)
         target = sc.ttft_p50_s if sc else median(r.client_ttft_s for r in reqs)
@@ -279,12 +280,13 @@ def build_context(analysis: Analysis) -> dict[str, Any]:
     settings = [("client", run.client), ("sampling", _show(run.sampling, 500)),
                 ("concurrency", str(run.concurrency)), ("driver", run.driver or "?"),
                 ("models", ", ".join(run.models) or "?")]
-    for pname, p in list(run.prompts.items())[:20]:
+    prompts = run.prompts if isinstance(run.prompts, dict) else {"": run.prompts}
+    for pname, p in list(prompts.items())[:20]:
         if isinstance(p, dict):
             desc = ", ".join(f"{k} {_show(v, 80)}" for k, v in p.items())
         else:
             desc = _show(p, 200)
-        settings.append((f"prompt {pname}", desc))
+        settings.append((f"prompt {pname}".strip(), desc))
     if run.repeat is not None:
         settings.append(("repeat", str(run.repeat)))
     if run.run_id:
