@@ -246,3 +246,27 @@ def test_adjacent_segments_of_one_substage_merge() -> None:
     wf = build_waterfall("short-prompt", [r for r in doc.requests
                                           if r.scenario == "short-prompt"], 0.1)
     assert [(r["full"], r["value"]) for r in wf.rows] == [("prefill", "100 ms")]
+
+
+def test_disk_full_leaves_no_partial_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from otel_ttft.analysis import report
+
+    class Full:
+        def __init__(self, fd, *a, **k):
+            os.close(fd)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def write(self, _):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(report.os, "fdopen", Full)
+    with pytest.raises(report.ReportError, match="No space left on device"):
+        write_report(analysis(), tmp_path / "report.html")
+    assert list(tmp_path.iterdir()) == []
