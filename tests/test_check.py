@@ -17,7 +17,7 @@ from otel_ttft.analysis.check import (
 )
 from otel_ttft.analysis.contract import Analysis
 from otel_ttft.cli import main
-from tests.analysis_fixture import build_analysis
+from tests.analysis_fixture import PROFILES, build_analysis
 
 
 def doc(**kw) -> Analysis:
@@ -150,3 +150,14 @@ def test_names_from_the_input_cannot_drive_the_terminal() -> None:
         d["scenarios"]["\x1b[2J\nevil"] = d["scenarios"].pop("cold-switch")
     rc, out, _ = check(Analysis.model_validate(cur), Analysis.model_validate(base))
     assert rc == 1 and "\x1b" not in out and "?[2J?evil load.read" in out
+
+
+def test_scenario_ttft_is_gated_too() -> None:
+    everything = {sub: 1.2 for prof in PROFILES.values() for sub, _ in prof["steps"]}
+    slower = doc(factor=everything)  # every stage +20 %: each within the default 25 %
+    assert check(slower, doc())[0] == 0
+    rc, out, _ = check(slower, doc(), build_thresholds(None, None, ["ttft=0.1"]))
+    regressed = [ln.split(":")[0] for ln in out.splitlines() if ln.startswith("REGRESSION")]
+    # the three warm short-prompt scenarios grew ~13 ms: under the 50 ms floor
+    assert rc == 1 and regressed == [f"REGRESSION {s} ttft" for s in (
+        "cold-switch", "switch-back", "long-prompt", "adapter-switch")]

@@ -3,7 +3,8 @@
 A stage (or substage) regresses when its p50 grew by more than ``max(min_delta_s,
 ratio * baseline_p50)``: the ratio catches real growth, the absolute floor keeps a 2 ms stage
 that became 4 ms from failing a pipeline. Ratios are per stage; a substage without its own ratio
-uses its family's (``warmup.compile`` falls back to ``warmup``), then the default.
+uses its family's (``warmup.compile`` falls back to ``warmup``), then the default. The scenario's
+TTFT p50 itself is compared too, as ``ttft``, so many small growths cannot add up unseen.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from otel_ttft.analysis.contract import PIPELINE, Analysis
 from otel_ttft.semconv import stage_family
 
 RUN_KEYS = ("client", "sampling", "concurrency", "prompts")
+TOTAL = "ttft"  # the scenario's client TTFT p50, compared like a stage
 
 
 def printable(text: object, limit: int = 80) -> str:
@@ -84,9 +86,9 @@ def _number(raw: object, what: str) -> float:
 
 def _stage_ratio(name: str, raw: object, what: str) -> tuple[str, float]:
     name = name.strip()
-    if stage_family(name) not in PIPELINE:
+    if name != TOTAL and stage_family(name) not in PIPELINE:
         raise ThresholdError(
-            f"{what} {name[:60]!r}: unknown stage; stages are {', '.join(PIPELINE)}")
+            f"{what} {name[:60]!r}: unknown stage; stages are {', '.join(PIPELINE)} and {TOTAL}")
     return name, _number(raw, f"{what} {name}")
 
 
@@ -150,12 +152,15 @@ def run_differences(current: Analysis, baseline: Analysis) -> list[str]:
 
 
 def compare(current: Analysis, baseline: Analysis, thresholds: Thresholds) -> list[Change]:
-    """Every stage and substage p50 of every scenario present in both runs."""
+    """TTFT, every stage and every substage p50 of each scenario present in both runs."""
     changes = []
     for name, before in baseline.scenarios.items():
         after = current.scenarios.get(name)
         if after is None:
             continue
+        b, a = before.ttft_p50_s, after.ttft_p50_s
+        changes.append(Change(name, TOTAL, b, a, thresholds.limit_s(TOTAL, b),
+                              thresholds.ratio(TOTAL), thresholds.min_delta_s))
         for stage in PIPELINE:
             b, a = before.stages_p50.get(stage, 0.0), after.stages_p50.get(stage, 0.0)
             changes.append(Change(name, stage, b, a, thresholds.limit_s(stage, b),
@@ -189,7 +194,7 @@ def run_check(current: Analysis, baseline: Analysis, thresholds: Thresholds, *,
     for c in regressions:
         print(f"REGRESSION {c.describe()}", file=out)
     worst = max(changes, key=lambda c: c.delta_s)
-    scope = f"{len(shared)} scenarios, {len(changes)} stage/substage medians"
+    scope = f"{len(shared)} scenarios, {len(changes)} medians (TTFT, stages, substages)"
     if regressions:
         print(f"FAIL: {len(regressions)} regression(s) across {scope}", file=out)
         return 1
