@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -129,6 +130,10 @@ def test_missing_directory_and_oversized_files(tmp_path: Path, valid: Path) -> N
     with huge.open("wb") as fh:
         fh.truncate(MAX_FILE_BYTES + 1)  # sparse: costs no disk
     assert_refused(run("report", str(huge)), "larger than 64 MiB")
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)  # nobody writes: reading it would block forever
+    assert_refused(run("report", str(fifo)), "not a regular file")
+    assert_refused(run("check", "/dev/zero", str(valid)), "not a regular file")
 
 
 def test_report_refuses_unwritable_output(tmp_path: Path, valid: Path) -> None:

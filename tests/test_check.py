@@ -105,7 +105,7 @@ def test_bad_threshold_values_are_refused(args) -> None:
 
 @pytest.mark.parametrize("text", [
     "max_growth = [", 'nonsense = 1', "[stages]\nload = true", 'stages = 3',
-    "max_growth = -0.5",
+    "max_growth = -0.5", "x = " + "[" * 100_000 + "]" * 100_000,
 ])
 def test_bad_threshold_files_are_refused(tmp_path: Path, text: str) -> None:
     f = tmp_path / "t.toml"

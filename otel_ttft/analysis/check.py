@@ -110,12 +110,21 @@ def load_threshold_file(path: str | Path) -> dict[str, Any]:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
         import tomli as tomllib  # type: ignore[no-redef]
+    path = Path(path)
     try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        if path.exists() and not path.is_file():
+            raise ThresholdError(f"{path}: not a regular file")
+        with path.open("rb") as fh:
+            raw = fh.read(1024 * 1024 + 1)
+        if len(raw) > 1024 * 1024:
+            raise ThresholdError(f"{path}: larger than 1 MiB; not a thresholds file")
+        data = tomllib.loads(raw.decode("utf-8"))
     except OSError as exc:
         raise ThresholdError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ThresholdError(f"{path}: not valid TOML: {exc}".splitlines()[0]) from None
+    except RecursionError:
+        raise ThresholdError(f"{path}: TOML nested too deeply") from None
     unknown = set(data) - {"max_growth", "min_delta_s", "stages"}
     if unknown:
         raise ThresholdError(f"{path}: unknown keys {', '.join(sorted(unknown))[:100]}")

@@ -172,6 +172,9 @@ def load_analysis(path: str | Path) -> Analysis:
     """Read and validate an analysis.json; :class:`AnalysisFileError` on any defect."""
     path = Path(path)
     try:
+        if path.exists() and not path.is_dir() and not path.is_file():
+            # a FIFO or device would block or never end: refuse rather than hang
+            raise AnalysisFileError(f"{path}: not a regular file")
         with path.open("rb") as fh:
             data = fh.read(MAX_FILE_BYTES + 1)
     except FileNotFoundError:
