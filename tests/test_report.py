@@ -211,6 +211,11 @@ def test_page_loads_nothing(rendered, chromium: str, tmp_path: Path) -> None:
 def test_parse_accepts_what_the_fixture_writes() -> None:
     doc = parse_analysis(json.dumps(build_analysis()))
     assert len(doc.requests) == 18 and list(doc.scenarios) == list(PROFILES)
+    for r in doc.requests:  # the fixture keeps the contract: segments tile the client TTFT
+        assert sum(r.stages.values()) == pytest.approx(r.client_ttft_s, rel=0.01)
+        ends = [s.start_s + s.duration_s for s in r.segments]
+        assert [s.start_s for s in r.segments[1:]] == pytest.approx(ends[:-1])
+        assert ends[-1] == pytest.approx(r.client_ttft_s)
 
 
 def test_many_segments_become_bounded_rows_and_no_segments_still_render() -> None:
