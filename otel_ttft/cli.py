@@ -132,6 +132,34 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(args.out, keep_going=args.keep_going)
 
 
+def _report(args: argparse.Namespace) -> int:
+    from otel_ttft.analysis.contract import AnalysisFileError, load_analysis
+    from otel_ttft.analysis.report import ReportError, write_report
+
+    try:
+        path = write_report(load_analysis(args.analysis), args.output)
+    except (AnalysisFileError, ReportError) as exc:
+        print(f"otel-ttft report: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from otel_ttft.analysis.check import ThresholdError, build_thresholds, run_check
+    from otel_ttft.analysis.contract import AnalysisFileError, load_analysis
+
+    try:
+        thresholds = build_thresholds(args.max_growth, args.min_delta_s, args.stage,
+                                      args.thresholds)
+        current, baseline = load_analysis(args.current), load_analysis(args.baseline)
+    except (AnalysisFileError, ThresholdError) as exc:
+        print(f"otel-ttft check: {exc}", file=sys.stderr)
+        return 2
+    return run_check(current, baseline, thresholds,
+                     allow_different_runs=args.allow_different_runs)
+
+
 def _doctor(argv: Sequence[str]) -> int:
     from otel_ttft import doctor
 
@@ -177,6 +205,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=_positive(int), default=None,
                    help="Tempo: at most N traces (default 5000)")
     p.set_defaults(func=_analyze)
+
+    p = sub.add_parser("report", help="write a self-contained HTML report from an analysis.json")
+    p.add_argument("analysis", metavar="ANALYSIS_JSON")
+    p.add_argument("-o", "--output", default="report.html", help="HTML file (report.html)")
+    p.set_defaults(func=_report)
+
+    p = sub.add_parser("check", help="exit 1 when a stage median grew against a baseline run",
+                       description="Compare per-scenario stage and substage p50s of two "
+                       "analysis.json files. A stage fails when it grew by more than "
+                       "max(MIN_DELTA_S, RATIO * baseline p50).")
+    p.add_argument("current", metavar="CURRENT", help="analysis.json of the candidate")
+    p.add_argument("baseline", metavar="BASELINE", help="analysis.json of the accepted run")
+    p.add_argument("--max-growth", default=None, metavar="RATIO",
+                   help="default allowed growth as a ratio of the baseline p50 (0.25)")
+    p.add_argument("--min-delta-s", default=None, metavar="S",
+                   help="growth below this many seconds never fails (0.05)")
+    p.add_argument("--stage", action="append", default=[], metavar="STAGE=RATIO",
+                   help="per-stage ratio, e.g. load=0.5 or warmup.compile=1.0 (repeatable)")
+    p.add_argument("--thresholds", metavar="TOML",
+                   help="file with max_growth, min_delta_s and a [stages] table")
+    p.add_argument("--allow-different-runs", action="store_true",
+                   help="compare even when client, sampling, concurrency or prompts differ")
+    p.set_defaults(func=_check)
 
     sub.add_parser("doctor", add_help=False, help="which hooks are live for the installed vLLM")
     return parser
