@@ -11,6 +11,7 @@ import pytest
 from otel_ttft import cli, semconv
 from otel_ttft.analysis.analyze import AnalysisError, analyze
 from otel_ttft.analysis.breakdown import PIPELINE, collect
+from otel_ttft.analysis.contract import load_analysis
 from tests import analysis_fixtures as fx
 
 
@@ -168,6 +169,11 @@ def test_cli_analyze_prints_tables_then_verdicts_and_writes_json(
     doc = json.loads(out.read_text())
     assert doc["schema"] == "otel-ttft/analysis/v1"
     assert set(doc["scenarios"]) == {"cold-switch", "short-prompt"}
+    # what analyze writes is what report and check read
+    loaded = load_analysis(out)
+    assert [v.stage for v in loaded.verdicts] == ["load"]
+    assert cli.main(["report", str(out), "-o", str(tmp_path / "r.html")]) == 0
+    assert cli.main(["check", str(out), str(out)]) == 0
 
 
 @pytest.mark.parametrize("content", ["", "not json\n", '{"resourceSpans": 5}\n', "[1, 2]\n",

@@ -46,9 +46,9 @@ def _run(tracer, run_id: str, concurrency: int, prompts, steps, url: str, model:
             messages = prompts.get(kind).messages()
             for _ in range(count):
                 with ThreadPoolExecutor(concurrency) as pool:
-                    results = list(pool.map(
-                        lambda _i: client.request(model, messages, lambda: url, attrs),
-                        range(concurrency)))
+                    futures = [pool.submit(client.request, model, messages, lambda: url, attrs)
+                               for _ in range(concurrency)]
+                    results = [f.result() for f in futures]
                 assert all(r.error is None for r in results), [r.error for r in results]
     finally:
         run.end()

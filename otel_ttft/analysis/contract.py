@@ -41,11 +41,13 @@ class _Model(BaseModel):
 
 
 class Run(_Model):
-    client: Name
-    sampling: dict[str, Any] | Name  # an object; the JSON text the replay span carries also does
-    concurrency: int
-    prompts: dict[str, Any] | Name
-    driver: Name = ""
+    """The replay's client settings; all None when the traces are live traffic, not a replay."""
+
+    client: Name | None = None
+    sampling: dict[str, Any] | Name | None = None  # an object, or the replay span's JSON text
+    concurrency: int | None = None
+    prompts: dict[str, Any] | Name | None = None
+    driver: Name | None = None
     models: list[Name] = Field(default_factory=list, max_length=1000)
     repeat: int | None = None
     run_id: Name | None = None
@@ -77,7 +79,7 @@ class Segment(_Model):
 class Request(_Model):
     trace_id: Name
     scenario: Name
-    model: Name
+    model: Name | None = None
     prompt: Name | None = None
     repeat_index: int | None = None
     prompt_tokens: int | None = None

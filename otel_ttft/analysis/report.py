@@ -45,6 +45,8 @@ RECOMMENDATIONS = {
                     "prefill grows with prompt tokens.",
     "none": "No stage expanded materially against the baseline.",
 }
+OUTSIDE_WARMUP = ("Nothing to change in the model's warm-up: the stage that grew is outside it "
+                  "(server front-end, client or network).")
 
 WIDTH = 1000  # SVG user units; the SVG scales to the page width
 LABEL_W = 210
@@ -273,14 +275,17 @@ def build_context(analysis: Analysis) -> dict[str, Any]:
         "colour": NONE_COLOUR if v.recommendation == "none"
         else colour(semconv.stage_family(v.stage)),
         "delta": fmt_s(v.delta_s),
-        "advice": RECOMMENDATIONS.get(v.recommendation, ""),
+        "advice": (RECOMMENDATIONS.get(v.recommendation, "") if v.stage == "none"
+                   or v.recommendation != "none" else OUTSIDE_WARMUP),
         "evidence": [(k, _show(val, key=k)) for k, val in list(v.evidence.items())[:40]],
     } for v in analysis.verdicts]
     run = analysis.run
-    settings = [("client", run.client), ("sampling", _show(run.sampling, 500)),
-                ("concurrency", str(run.concurrency)), ("driver", run.driver or "?"),
+    settings = [("client", run.client or "live traffic (no replay)"),
+                ("sampling", _show(run.sampling, 500) if run.sampling is not None else "-"),
+                ("concurrency", str(run.concurrency or "-")), ("driver", run.driver or "-"),
                 ("models", ", ".join(run.models) or "?")]
-    prompts = run.prompts if isinstance(run.prompts, dict) else {"": run.prompts}
+    prompts = run.prompts if isinstance(run.prompts, dict) else (
+        {"": run.prompts} if run.prompts is not None else {})
     for pname, p in list(prompts.items())[:20]:
         if isinstance(p, dict):
             desc = ", ".join(f"{k} {_show(v, 80)}" for k, v in p.items())
