@@ -25,10 +25,7 @@ from otel_ttft import semconv
 from otel_ttft.analysis.traces import SpanNode, build_trees
 
 _NS = 1e9
-PIPELINE = (
-    semconv.STAGE_SWITCH, semconv.STAGE_LOAD, semconv.STAGE_WARMUP, semconv.STAGE_FRONTEND,
-    semconv.STAGE_QUEUE, semconv.STAGE_PREFILL, semconv.STAGE_NETWORK,
-)
+PIPELINE = semconv.TTFT_PIPELINE
 Segment = tuple[int, int, str]  # start ns, end ns, stage (dotted sub-stage or family)
 
 

@@ -20,10 +20,7 @@ SCHEMA = "otel-ttft/analysis/v1"
 MAX_FILE_BYTES = 64 * 1024 * 1024  # a replay of thousands of requests is a few MB
 
 # The article's pipeline order: the verdict walks it, the report stacks it, check compares it.
-PIPELINE = (
-    semconv.STAGE_SWITCH, semconv.STAGE_LOAD, semconv.STAGE_WARMUP, semconv.STAGE_FRONTEND,
-    semconv.STAGE_QUEUE, semconv.STAGE_PREFILL, semconv.STAGE_NETWORK,
-)
+PIPELINE = semconv.TTFT_PIPELINE
 
 Name = Annotated[str, Field(max_length=4096)]
 Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
