@@ -54,6 +54,17 @@ def load_spans(path: str | Path) -> list[dict]:
     return spans
 
 
+def iter_traces(path: str | Path) -> Iterator[list[dict]]:
+    """The spans of one trace per item, traces in trace-id order, for every source ``load_spans``
+    reads. Analysis that looks at one trace at a time should consume this, not ``load_spans``:
+    over a store it streams (memory bounded by the largest trace)."""
+    by_trace: dict[str, list[dict]] = {}
+    for span in load_spans(path):
+        by_trace.setdefault(span["trace_id"], []).append(span)
+    for trace_id in sorted(by_trace):
+        yield by_trace.pop(trace_id)
+
+
 def _json_objects(path: Path, text: str) -> Iterator[tuple[int, Any]]:
     """JSON lines; or the whole file as one JSON value when its first line is not one."""
     lines = text.split("\n")
