@@ -124,7 +124,8 @@ def _request_footer(request: SpanNode) -> list[str]:
         bucket = outside if stage == semconv.STAGE_FIRST_DECODE else in_ttft
         bucket[stage] = bucket.get(stage, 0.0) + child.duration_s
     parts = " + ".join(f"{stage} {format_duration(s)}" for stage, s in in_ttft.items())
-    head = f"server TTFT {format_duration(float(ttft))}" if ttft is not None else "server TTFT ?"
+    ttft_s = _num(ttft)
+    head = f"server TTFT {format_duration(ttft_s)}" if ttft_s is not None else "server TTFT ?"
     lines = [f"{head} = {parts}" if parts else head]
     for stage, seconds in outside.items():
         lines.append(f"{stage} {format_duration(seconds)} (after the first token)")
@@ -134,21 +135,23 @@ def _request_footer(request: SpanNode) -> list[str]:
 def render_tree(root: SpanNode, *, max_depth: int | None = None) -> str:
     """The tree, one span per line, then root coverage and self time per stage."""
     lines = [describe(root, root.start_ns)]
-
-    def visit(node: SpanNode, prefix: str, depth: int) -> None:
-        for i, child in enumerate(node.children):
-            last = i == len(node.children) - 1
+    if max_depth is not None and max_depth <= 0 and root.children:
+        lines[0] += f"  (+{_count(root)} spans hidden)"
+    else:  # depth first with an explicit stack: a 100,000-deep chain renders too
+        stack = [(root.children, 0, "", 0)]  # (siblings, next index, prefix, depth)
+        while stack:
+            siblings, i, prefix, depth = stack.pop()
+            if i >= len(siblings):
+                continue
+            stack.append((siblings, i + 1, prefix, depth))
+            child, last = siblings[i], i == len(siblings) - 1
             line = prefix + ("└─ " if last else "├─ ") + describe(child, root.start_ns)
             if max_depth is not None and depth + 1 >= max_depth and child.children:
                 lines.append(f"{line}  (+{_count(child)} spans hidden)")
                 continue
             lines.append(line)
-            visit(child, prefix + ("   " if last else "│  "), depth + 1)
-
-    if max_depth is not None and max_depth <= 0 and root.children:
-        lines[0] += f"  (+{_count(root)} spans hidden)"
-    else:
-        visit(root, "", 0)
+            if child.children:
+                stack.append((child.children, 0, prefix + ("   " if last else "│  "), depth + 1))
     lines.append("")
     if root.name == semconv.SPAN_REQUEST:
         lines.extend(_request_footer(root))
