@@ -141,6 +141,11 @@ class SpanStore:
         """What to hand ``load_spans``/``tree`` for this store's spans."""
         return self.db_path
 
+    @property
+    def metrics_path(self) -> Path:
+        """Metric points live in the same database."""
+        return self.db_path
+
     # --- writing --------------------------------------------------------------------------------
     def add_spans(self, spans: Iterable[dict]) -> int:
         """Store one batch of normalized spans; returns when it is committed (then it survives
