@@ -6,7 +6,7 @@ import argparse
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 
@@ -15,6 +15,8 @@ def _sink(args: argparse.Namespace) -> int:
     from otel_ttft.sink.store import SpanStore
 
     grpc_port = None if args.grpc_port < 0 else args.grpc_port
+    if hasattr(signal, "SIGXFSZ"):  # over a file-size limit: a failed write (503), not death
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     try:
         receiver = OTLPReceiver(SpanStore(args.dir), args.host, args.http_port, grpc_port,
                                 allow_non_loopback=args.allow_non_loopback).start()
@@ -34,6 +36,31 @@ def _sink(args: argparse.Namespace) -> int:
         pass
     finally:
         receiver.stop()
+    return 0
+
+
+def _port(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+        if not low <= value <= 65535:
+            raise argparse.ArgumentTypeError(f"{value} is not in {low}-65535")
+        return value
+    return parse
+
+
+def _export(args: argparse.Namespace) -> int:
+    from otel_ttft.analysis.traces import TraceFileError
+    from otel_ttft.sink.otlp_encode import export_json
+
+    try:
+        count = export_json(args.path, args.output)
+    except (TraceFileError, OSError) as exc:
+        print(f"otel-ttft export: {exc}", file=sys.stderr)
+        return 2
+    print(f"{count} spans written to {args.output} (OTLP/JSON, one export request per line)")
     return 0
 
 
@@ -91,10 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_demo)
 
     p = sub.add_parser("sink", help="run the embedded OTLP receiver into a local store")
-    p.add_argument("--dir", required=True, help="store directory (spans.jsonl, metrics.jsonl)")
+    p.add_argument("--dir", required=True, help="store directory (telemetry.db)")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--http-port", type=int, default=4318)
-    p.add_argument("--grpc-port", type=int, default=4317, help="-1 disables gRPC")
+    p.add_argument("--http-port", type=_port(0), default=4318, help="0 picks a free port")
+    p.add_argument("--grpc-port", type=_port(-1), default=4317, help="-1 disables gRPC")
     p.add_argument("--allow-non-loopback", action="store_true",
                    help="accept unauthenticated writes from other hosts")
     p.set_defaults(func=_sink)
@@ -104,6 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", help="only this trace id (32 hex)")
     p.add_argument("--max-depth", type=int, default=None)
     p.set_defaults(func=_tree)
+
+    p = sub.add_parser("export", help="write a store's spans as OTLP/JSON (file exporter format)")
+    p.add_argument("path", help="store dir, telemetry.db, spans.jsonl or OTLP/JSON")
+    p.add_argument("-o", "--output", required=True, help="file to write ('-' for stdout)")
+    p.set_defaults(func=_export)
 
     sub.add_parser("doctor", add_help=False, help="which hooks are live for the installed vLLM")
     return parser
