@@ -51,6 +51,16 @@ def _port(low: int) -> Callable[[str], int]:
     return parse
 
 
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
+
+
 def _export(args: argparse.Namespace) -> int:
     from otel_ttft.analysis.traces import TraceFileError
     from otel_ttft.sink.otlp_encode import export_json
@@ -65,33 +75,48 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _tree(args: argparse.Namespace) -> int:
-    from otel_ttft.analysis.traces import (
-        TraceFileError,
-        build_trees,
-        find_activation_roots,
-        find_request_spans,
-        load_spans,
-    )
-    from otel_ttft.analysis.tree import render_tree
+    """Streams trace by trace (bounded memory over a store): each trace's activation and request
+    trees; when the input has neither, every tree."""
+    from otel_ttft.analysis.traces import TraceFileError, iter_traces
+    from otel_ttft.analysis.tree import tree_roots
 
+    wanted = args.trace.lower() if args.trace else None
+    printed = 0
+    fallback: list[object] = []  # roots of plain traces, printed only if nothing else is
+    too_many = False
     try:
-        spans = load_spans(args.path)
+        for spans in iter_traces(args.path, trace_id=wanted):
+            picked, plain = tree_roots(spans)
+            for root in picked:
+                printed += _print_tree(root, args.max_depth, printed)
+            if not printed and not too_many:
+                fallback.extend(plain)
+                too_many = len(fallback) > 10_000
+                if too_many:
+                    fallback.clear()
+        if not printed and too_many:  # no activation anywhere: a second pass for plain trees
+            fallback = [r for spans in iter_traces(args.path) for r in tree_roots(spans)[1]]
+        if not printed:
+            for root in sorted(fallback, key=lambda r: r.start_ns):
+                printed += _print_tree(root, args.max_depth, printed)
     except TraceFileError as exc:
         print(f"otel-ttft tree: {exc}", file=sys.stderr)
         return 2
-    if args.trace:
-        spans = [s for s in spans if s["trace_id"] == args.trace.lower()]
-        if not spans:
-            print(f"otel-ttft tree: no spans of trace {args.trace} in {args.path}",
-                  file=sys.stderr)
-            return 2
-    roots = find_activation_roots(spans) + find_request_spans(spans) or sorted(
-        (r for rs in build_trees(spans).values() for r in rs), key=lambda r: r.start_ns)
-    if not roots:
-        print(f"otel-ttft tree: no spans in {args.path}", file=sys.stderr)
+    except BrokenPipeError:  # `| head`: the reader has what it wanted
+        sys.stderr.close()
+        return 0
+    if not printed:
+        what = f"no spans of trace {args.trace}" if wanted else "no spans"
+        print(f"otel-ttft tree: {what} in {args.path}", file=sys.stderr)
         return 2
-    print("\n\n".join(render_tree(root, max_depth=args.max_depth) for root in roots))
     return 0
+
+
+def _print_tree(root: object, max_depth: int | None, printed: int) -> int:
+    from otel_ttft.analysis.tree import render_tree
+
+    sys.stdout.write(("\n\n" if printed else "") + render_tree(root, max_depth=max_depth))
+    return 1
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -129,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tree", help="render span trees from a store dir, spans.jsonl or OTLP JSON")
     p.add_argument("path")
     p.add_argument("--trace", help="only this trace id (32 hex)")
-    p.add_argument("--max-depth", type=int, default=None)
+    p.add_argument("--max-depth", type=_non_negative, default=None)
     p.set_defaults(func=_tree)
 
     p = sub.add_parser("export", help="write a store's spans as OTLP/JSON (file exporter format)")

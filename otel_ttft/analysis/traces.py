@@ -11,7 +11,6 @@ from __future__ import annotations
 import heapq
 import json
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,24 +56,25 @@ def load_spans(path: str | Path) -> list[dict]:
     return _load_file(path)
 
 
-def iter_traces(path: str | Path) -> Iterator[list[dict]]:
+def iter_traces(path: str | Path, trace_id: str | None = None) -> Iterator[list[dict]]:
     """The spans of one trace per item, traces in trace-id order, for every source ``load_spans``
     reads. Analysis that looks at one trace at a time should consume this, not ``load_spans``:
     over a store database it streams through the trace-id index, so memory is bounded by the
-    largest trace, not the store."""
+    largest trace, not the store. ``trace_id``: only that trace (an index lookup in a store)."""
     path = Path(path)
     db = path if is_store_db(path) else _store_files(path)[0] if path.is_dir() else None
     if db is not None and not (path.is_dir() and _store_files(path)[1]):
         try:
-            yield from read_traces(db)
+            yield from read_traces(db, trace_id)
         except StoreFormatError as exc:
             raise TraceFileError(db, None, exc.reason) from None
         return
     by_trace: dict[str, list[dict]] = {}
     for span in load_spans(path):
-        by_trace.setdefault(span["trace_id"], []).append(span)
-    for trace_id in sorted(by_trace):
-        yield by_trace.pop(trace_id)
+        if trace_id is None or span["trace_id"] == trace_id:
+            by_trace.setdefault(span["trace_id"], []).append(span)
+    for tid in sorted(by_trace):
+        yield by_trace.pop(tid)
 
 
 def _store_files(directory: Path) -> tuple[Path | None, Path | None]:
@@ -157,17 +157,33 @@ def _spans_from_object(path: Path, lineno: int, obj: Any) -> list[dict]:
 
 
 # --- trees --------------------------------------------------------------------------------------
-@dataclass
 class SpanNode:
-    """One span and its children, sorted by start time."""
+    """One span and its children, sorted by start time. Fields analysis reads on every visit
+    are checked and converted once, here, so a malformed value cannot fail a report later."""
 
-    span: dict
-    children: list[SpanNode] = field(default_factory=list)
-    parent: SpanNode | None = field(default=None, repr=False, compare=False)
+    __slots__ = ("span", "children", "parent", "name", "start_ns", "end_ns", "attributes",
+                 "resource", "stage")
 
-    @property
-    def name(self) -> str:
-        return self.span.get("name", "")
+    def __init__(self, span: dict, children: list[SpanNode] | None = None,
+                 parent: SpanNode | None = None) -> None:
+        self.span = span
+        self.children: list[SpanNode] = children if children is not None else []
+        self.parent = parent
+        name = span.get("name")
+        self.name: str = name if isinstance(name, str) else ""
+        self.start_ns: int = _int(span.get("start_ns"))
+        self.end_ns: int = max(_int(span.get("end_ns")), self.start_ns)
+        attributes, resource = span.get("attributes"), span.get("resource")
+        self.attributes: dict = attributes if isinstance(attributes, dict) else {}
+        self.resource: dict = resource if isinstance(resource, dict) else {}
+        stage = self.attributes.get(semconv.ATTR_STAGE)
+        # A vLLM span that opened before our plugin loaded in its process (so could not be
+        # tagged) gets the stage its name stands for.
+        self.stage: str | None = stage if isinstance(stage, str) and stage else \
+            semconv.VLLM_SPAN_STAGES.get(self.name)
+
+    def __repr__(self) -> str:
+        return f"SpanNode({self.name!r}, {self.span_id}, {len(self.children)} children)"
 
     @property
     def span_id(self) -> str:
@@ -178,33 +194,8 @@ class SpanNode:
         return self.span.get("trace_id", "")
 
     @property
-    def start_ns(self) -> int:
-        return int(self.span.get("start_ns", 0))
-
-    @property
-    def end_ns(self) -> int:
-        return max(int(self.span.get("end_ns", 0)), self.start_ns)
-
-    @property
     def duration_s(self) -> float:
         return (self.end_ns - self.start_ns) / _NS
-
-    @property
-    def attributes(self) -> dict:
-        return self.span.get("attributes") or {}
-
-    @property
-    def resource(self) -> dict:
-        return self.span.get("resource") or {}
-
-    @property
-    def stage(self) -> str | None:
-        """``ttft.stage``, or for a vLLM span that opened before our plugin loaded in its
-        process (so could not be tagged), the stage its name stands for."""
-        stage = self.attributes.get(semconv.ATTR_STAGE)
-        if isinstance(stage, str) and stage:
-            return stage
-        return semconv.VLLM_SPAN_STAGES.get(self.name)
 
     def walk(self) -> Iterator[SpanNode]:
         """This node and every descendant, depth first, in start order."""
@@ -239,6 +230,10 @@ def build_trees(spans: Iterable[dict]) -> dict[str, list[SpanNode]]:
                 node.children.sort(key=_order)
         trees[trace_id] = sorted(roots, key=_order)
     return trees
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _order(node: SpanNode) -> tuple[int, int, str]:

@@ -8,10 +8,11 @@ from collections.abc import Callable
 from typing import Any
 
 from otel_ttft import semconv
-from otel_ttft.analysis.traces import SpanNode, coverage, self_time_by_stage
+from otel_ttft.analysis.traces import SpanNode, build_trees, coverage, self_time_by_stage
 
 # Resource attribute the plugin may set per process; ttft.process.kind on the span wins.
 RESOURCE_PROCESS_KIND = "vllm.process_kind"
+MAX_INDENT = 40  # tree levels drawn as indentation; deeper ones are numbered instead
 
 
 def format_duration(seconds: float) -> str:
@@ -106,7 +107,8 @@ def describe(node: SpanNode, root_start_ns: int) -> str:
     kind = process_kind(node)
     if kind:
         parts.append(f"({kind})")
-    numbers = [text for key, fmt in KEY_NUMBERS if (text := fmt(node.attributes.get(key)))]
+    attrs = node.attributes
+    numbers = [text for key, fmt in KEY_NUMBERS if key in attrs and (text := fmt(attrs[key]))]
     if numbers:
         parts.append("  " + ", ".join(numbers))
     return " ".join(parts)
@@ -147,13 +149,17 @@ def render_tree(root: SpanNode, *, max_depth: int | None = None) -> str:
                 continue
             stack.append((siblings, i + 1, prefix, depth))
             child, last = siblings[i], i == len(siblings) - 1
-            line = prefix + ("└─ " if last else "├─ ") + describe(child, root.start_ns)
+            branch = "└─ " if last else "├─ "
+            if depth >= MAX_INDENT:  # deeper levels stop indenting: output stays linear
+                branch += f"[depth {depth + 1}] "
+            line = prefix + branch + describe(child, root.start_ns)
             if max_depth is not None and depth + 1 >= max_depth and child.children:
                 lines.append(f"{line}  (+{_count(child)} spans hidden)")
                 continue
             lines.append(line)
             if child.children:
-                stack.append((child.children, 0, prefix + ("   " if last else "│  "), depth + 1))
+                indent = prefix if depth >= MAX_INDENT else prefix + ("   " if last else "│  ")
+                stack.append((child.children, 0, indent, depth + 1))
     lines.append("")
     if root.name == semconv.SPAN_REQUEST:
         lines.extend(_request_footer(root))
@@ -168,3 +174,20 @@ def render_tree(root: SpanNode, *, max_depth: int | None = None) -> str:
         lines.append(f"  {stage:<{width}}  {format_duration(seconds):>10}  "
                      f"{seconds / total * 100:5.1f}%")
     return "\n".join(lines)
+
+
+def tree_roots(spans: list[dict]) -> tuple[list[SpanNode], list[SpanNode]]:
+    """For one trace's spans: (activation then request spans, wherever they sit, each by start
+    time; the trace's roots), what ``tree`` renders, in one pass over the nodes."""
+    activations, requests, roots = [], [], []
+    for trace_roots in build_trees(spans).values():
+        roots.extend(trace_roots)
+        for root in trace_roots:
+            for node in root.walk():
+                if node.name == semconv.SPAN_ACTIVATION:
+                    activations.append(node)
+                elif node.name == semconv.SPAN_REQUEST:
+                    requests.append(node)
+    def by_start(n: SpanNode) -> tuple[int, int, str]:
+        return n.start_ns, -n.end_ns, n.name
+    return sorted(activations, key=by_start) + sorted(requests, key=by_start), roots

@@ -338,10 +338,12 @@ def read_spans(path: Path, *, where: str = "", params: tuple = (),
         conn.close()
 
 
-def read_traces(path: Path) -> Iterator[list[dict]]:
-    """One trace's spans per item, in trace-id order, streamed through the trace-id index."""
+def read_traces(path: Path, trace_id: str | None = None) -> Iterator[list[dict]]:
+    """One trace's spans per item, in trace-id order, streamed through the trace-id index;
+    ``trace_id``: only that one."""
     current: list[dict] = []
-    for span in read_spans(path, order="trace_id, id"):
+    where, params = ("WHERE trace_id = ?", (trace_id,)) if trace_id else ("", ())
+    for span in read_spans(path, where=where, params=params, order="trace_id, id"):
         if current and span["trace_id"] != current[0]["trace_id"]:
             yield current
             current = []
