@@ -201,5 +201,7 @@ def test_earlier_jsonl_store_still_read(tmp_path) -> None:
     new = dict(span, span_id="ef" * 8, name="new", resource={"service.name": "x"})
     store.add_spans([new])
     assert [s["name"] for s in store.spans()] == ["old", "new"]
-    assert store.spans()[1] == dict(new, parent_span_id=None)
+    assert store.spans()[1] == {  # read back in the normalized shape, every key present
+        **new, "parent_span_id": None, "kind": "INTERNAL", "attributes": {}, "events": [],
+        "links": [], "status": {"code": "UNSET", "message": ""}}
     store.close()

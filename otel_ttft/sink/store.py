@@ -32,6 +32,10 @@ STORE_FILES = (DB_FILE, DB_FILE + "-wal", DB_FILE + "-shm", SPANS_FILE, METRICS_
 
 _INT64_MAX = (1 << 63) - 1
 _SPAN_COLUMNS = ("trace_id", "span_id", "parent_span_id", "name", "start_ns", "end_ns")
+# Values most spans have, left out of the stored JSON and put back on reading: less to parse.
+_SPAN_DEFAULTS = {"kind": "INTERNAL", "events": [], "links": [],
+                  "status": {"code": "UNSET", "message": ""}}
+_MISSING = object()
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS resources (id INTEGER PRIMARY KEY, data TEXT NOT NULL UNIQUE);
 CREATE TABLE IF NOT EXISTS spans (
@@ -95,7 +99,8 @@ def _span_row(span: dict) -> tuple:
         if span.get(key) is not None and not isinstance(span[key], typ):
             raise ValueError(f"span {span['span_id']!r}: {key!r} is not a {typ.__name__}")
     stage = (span.get("attributes") or {}).get(_STAGE_KEY)
-    rest = {k: v for k, v in span.items() if k not in _SPAN_COLUMNS and k != "resource"}
+    rest = {k: v for k, v in span.items()
+            if k not in _SPAN_COLUMNS and k != "resource" and _SPAN_DEFAULTS.get(k, _MISSING) != v}
     return (span["trace_id"], span["span_id"], parent, span["name"],
             stage if isinstance(stage, str) else None, span["start_ns"], span["end_ns"],
             _dumps(span.get("resource") or {}), _dumps(rest))
@@ -296,30 +301,31 @@ def is_store_db(path: Path) -> bool:
 
 
 class _Resources:
-    """resource id -> dict, each decoded once per read."""
+    """resource id -> dict, each decoded once per read and shared by the spans that reference
+    it (treat it as read-only)."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn, self._cache = conn, {}
 
     def get(self, rid: int | None) -> dict:
-        if rid is None:
-            return {}
         cached = self._cache.get(rid)
         if cached is None:
             row = self._conn.execute("SELECT data FROM resources WHERE id = ?", (rid,)).fetchone()
             cached = json.loads(row[0]) if row else {}
             self._cache[rid] = cached
-        return dict(cached)
+        return cached
 
 
 _SPAN_SELECT = ("SELECT trace_id, span_id, parent_span_id, name, start_ns, end_ns, "
                 "resource_id, data FROM spans")
 
 
-def _span_from_row(row: tuple, resources: _Resources) -> dict:
-    span = dict(zip(_SPAN_COLUMNS, row[:6], strict=True))
-    span["resource"] = resources.get(row[6])
-    span.update(json.loads(row[7]))
+def _span_from_row(row: tuple, resources: _Resources, loads=json.loads) -> dict:  # noqa: B008
+    span = {"trace_id": row[0], "span_id": row[1], "parent_span_id": row[2], "name": row[3],
+            "kind": "INTERNAL", "start_ns": row[4], "end_ns": row[5], "attributes": {},
+            "resource": resources.get(row[6]), "events": [], "links": [],
+            "status": {"code": "UNSET", "message": ""}}
+    span.update(loads(row[7]))
     return span
 
 
