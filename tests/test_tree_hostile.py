@@ -158,3 +158,11 @@ def test_doctor_bad_endpoint(endpoint: str) -> None:
     from otel_ttft import doctor
 
     assert doctor._reachable(endpoint) in (False, None)
+
+
+def test_garbage_store_file(tmp_path: Path, capsys) -> None:
+    (tmp_path / "telemetry.db").write_bytes(b"SQLite format 3\x00" + b"\xff" * 5000)
+    assert cli.main(["tree", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "not a readable store" in err and len(err.strip().splitlines()) == 1
+    assert _cli("sink", "--dir", str(tmp_path), "--http-port", "0").returncode == 2

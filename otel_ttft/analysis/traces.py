@@ -26,6 +26,7 @@ from otel_ttft.sink.store import (
 )
 
 UNATTRIBUTED = "unattributed"
+_VLLM_STAGES = semconv.VLLM_SPAN_STAGES
 _NS = 1e9
 _OTLP_TRACE_KEYS = ("resourceSpans", "resource_spans")
 _OTLP_OTHER_KEYS = ("resourceMetrics", "resource_metrics", "resourceLogs", "resource_logs")
@@ -167,20 +168,22 @@ class SpanNode:
     def __init__(self, span: dict, children: list[SpanNode] | None = None,
                  parent: SpanNode | None = None) -> None:
         self.span = span
-        self.children: list[SpanNode] = children if children is not None else []
+        self.children: list[SpanNode] = [] if children is None else children
         self.parent = parent
-        name = span.get("name")
-        self.name: str = name if isinstance(name, str) else ""
-        self.start_ns: int = _int(span.get("start_ns"))
-        self.end_ns: int = max(_int(span.get("end_ns")), self.start_ns)
-        attributes, resource = span.get("attributes"), span.get("resource")
-        self.attributes: dict = attributes if isinstance(attributes, dict) else {}
-        self.resource: dict = resource if isinstance(resource, dict) else {}
+        get = span.get
+        name, start, end = get("name"), get("start_ns"), get("end_ns")
+        attributes, resource = get("attributes"), get("resource")
+        # type() is, not isinstance: bool is no time, and this runs once per span of a million
+        self.name: str = name if type(name) is str else ""
+        self.start_ns: int = start if type(start) is int else 0
+        self.end_ns: int = end if type(end) is int and end > self.start_ns else self.start_ns
+        self.attributes: dict = attributes if type(attributes) is dict else {}
+        self.resource: dict = resource if type(resource) is dict else {}
         stage = self.attributes.get(semconv.ATTR_STAGE)
         # A vLLM span that opened before our plugin loaded in its process (so could not be
         # tagged) gets the stage its name stands for.
-        self.stage: str | None = stage if isinstance(stage, str) and stage else \
-            semconv.VLLM_SPAN_STAGES.get(self.name)
+        self.stage: str | None = stage if type(stage) is str and stage else \
+            _VLLM_STAGES.get(self.name)
 
     def __repr__(self) -> str:
         return f"SpanNode({self.name!r}, {self.span_id}, {len(self.children)} children)"
@@ -230,10 +233,6 @@ def build_trees(spans: Iterable[dict]) -> dict[str, list[SpanNode]]:
                 node.children.sort(key=_order)
         trees[trace_id] = sorted(roots, key=_order)
     return trees
-
-
-def _int(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _order(node: SpanNode) -> tuple[int, int, str]:

@@ -88,6 +88,9 @@ KEY_NUMBERS: tuple[tuple[str, Callable[[Any], str | None]], ...] = (
 )
 
 
+_KEY_ORDER = {key: i for i, (key, _) in enumerate(KEY_NUMBERS)}
+
+
 def process_kind(node: SpanNode) -> str | None:
     kind = node.attributes.get(semconv.ATTR_PROCESS_KIND) or node.resource.get(
         RESOURCE_PROCESS_KIND
@@ -108,7 +111,8 @@ def describe(node: SpanNode, root_start_ns: int) -> str:
     if kind:
         parts.append(f"({kind})")
     attrs = node.attributes
-    numbers = [text for key, fmt in KEY_NUMBERS if key in attrs and (text := fmt(attrs[key]))]
+    present = sorted(_KEY_ORDER[key] for key in attrs if key in _KEY_ORDER) if attrs else ()
+    numbers = [text for i in present if (text := KEY_NUMBERS[i][1](attrs[KEY_NUMBERS[i][0]]))]
     if numbers:
         parts.append("  " + ", ".join(numbers))
     return " ".join(parts)

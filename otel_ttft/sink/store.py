@@ -135,7 +135,10 @@ class SpanStore:
         self._writer: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._resource_ids: dict[str, int] = {}
-        connect(self.db_path).close()  # create the schema now: readers may come first
+        try:  # create the schema now: readers may come first
+            connect(self.db_path).close()
+        except sqlite3.DatabaseError as exc:
+            raise StoreFormatError(self.db_path, None, f"not a usable store ({exc})") from None
 
     @property
     def db_path(self) -> Path:
@@ -320,47 +323,62 @@ _SPAN_SELECT = ("SELECT trace_id, span_id, parent_span_id, name, start_ns, end_n
                 "resource_id, data FROM spans")
 
 
-def _span_from_row(row: tuple, resources: _Resources, loads=json.loads) -> dict:  # noqa: B008
+_decode = json.JSONDecoder().raw_decode  # stored JSON starts at offset 0: skip loads' checks
+
+
+def _span_from_row(row: tuple, resources: _Resources) -> dict:
     span = {"trace_id": row[0], "span_id": row[1], "parent_span_id": row[2], "name": row[3],
             "kind": "INTERNAL", "start_ns": row[4], "end_ns": row[5], "attributes": {},
             "resource": resources.get(row[6]), "events": [], "links": [],
             "status": {"code": "UNSET", "message": ""}}
-    span.update(loads(row[7]))
+    span.update(_decode(row[7])[0])
     return span
 
 
 def read_spans(path: Path, *, where: str = "", params: tuple = (),
                order: str = "id") -> Iterator[dict]:
     """Stream spans from a store database (arrival order unless told)."""
-    conn = connect(path, readonly=True)
+    for rows in _span_rows(path, where, params, order):
+        yield from rows
+
+
+def _span_rows(path: Path, where: str, params: tuple, order: str) -> Iterator[list[dict]]:
+    """Spans in chunks of a few thousand: one generator step per chunk, not per span."""
+    conn = None
     try:
+        conn = connect(path, readonly=True)
         resources = _Resources(conn)
         cursor = conn.execute(f"{_SPAN_SELECT} {where} ORDER BY {order}", params)
-        for row in cursor:
-            yield _span_from_row(row, resources)
+        while rows := cursor.fetchmany(4096):
+            yield [_span_from_row(row, resources) for row in rows]
     except sqlite3.DatabaseError as exc:
         raise StoreFormatError(path, None, f"not a readable store ({exc})") from None
     finally:
-        conn.close()
+        if conn is not None:
+            conn.close()
 
 
 def read_traces(path: Path, trace_id: str | None = None) -> Iterator[list[dict]]:
     """One trace's spans per item, in trace-id order, streamed through the trace-id index;
     ``trace_id``: only that one."""
     current: list[dict] = []
+    current_id = None
     where, params = ("WHERE trace_id = ?", (trace_id,)) if trace_id else ("", ())
-    for span in read_spans(path, where=where, params=params, order="trace_id, id"):
-        if current and span["trace_id"] != current[0]["trace_id"]:
-            yield current
-            current = []
-        current.append(span)
+    for chunk in _span_rows(path, where, params, "trace_id, id"):
+        for span in chunk:
+            if span["trace_id"] != current_id:
+                if current:
+                    yield current
+                current, current_id = [], span["trace_id"]
+            current.append(span)
     if current:
         yield current
 
 
 def read_metric_points(path: Path) -> Iterator[dict]:
-    conn = connect(path, readonly=True)
+    conn = None
     try:
+        conn = connect(path, readonly=True)
         resources = _Resources(conn)
         for rid, data in conn.execute("SELECT resource_id, data FROM metric_points ORDER BY id"):
             point = json.loads(data)
@@ -369,7 +387,8 @@ def read_metric_points(path: Path) -> Iterator[dict]:
     except sqlite3.DatabaseError as exc:
         raise StoreFormatError(path, None, f"not a readable store ({exc})") from None
     finally:
-        conn.close()
+        if conn is not None:
+            conn.close()
 
 
 def iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
