@@ -82,7 +82,9 @@ def _exporter(protocol: str, endpoint: str, bodies: list[bytes], out: list[int])
     else:
         import grpc
 
-        with grpc.insecure_channel(endpoint.removeprefix("http://")) as channel:
+        # its own connection, as an exporter in its own process has
+        with grpc.insecure_channel(endpoint.removeprefix("http://"),
+                                   options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
             export = channel.unary_unary(EXPORT_METHOD)  # bytes in, bytes out: no re-encoding
             for body in bodies:
                 while True:
@@ -90,8 +92,10 @@ def _exporter(protocol: str, endpoint: str, bodies: list[bytes], out: list[int])
                         export(body, timeout=120)
                         acked += SPANS_PER_BATCH
                         break
-                    except grpc.RpcError:
+                    except grpc.RpcError as exc:
                         retries += 1
+                        if retries == 1:
+                            print(f"gRPC retry: {exc.code()} {exc.details()}", file=sys.stderr)
                         time.sleep(0.5)
     out.extend((acked, retries))
 

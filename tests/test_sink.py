@@ -205,3 +205,18 @@ def test_earlier_jsonl_store_still_read(tmp_path) -> None:
         **new, "parent_span_id": None, "kind": "INTERNAL", "attributes": {}, "events": [],
         "links": [], "status": {"code": "UNSET", "message": ""}}
     store.close()
+
+
+def test_receiver_fast_path_stores_what_the_full_decoder_returns(tmp_path) -> None:
+    """``decode_trace_rows`` (the receiver's path) and ``decode_trace_request`` (files) agree."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    from otel_ttft.sink import otlp_decode
+
+    request = encode_spans(_make_spans())
+    full, fast = SpanStore(tmp_path / "full"), SpanStore(tmp_path / "fast")
+    full.add_spans(otlp_decode.decode_trace_request(request))
+    fast.add_span_rows(otlp_decode.decode_trace_rows(request))
+    assert fast.spans() == full.spans() == otlp_decode.decode_trace_request(request)
+    full.close()
+    fast.close()

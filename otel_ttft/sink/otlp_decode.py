@@ -10,6 +10,7 @@ import base64
 import json
 import math
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from google.protobuf import json_format
@@ -38,6 +39,8 @@ _ID_HEX_DIGITS = {"traceId": 32, "trace_id": 32, "spanId": 16, "span_id": 16,
 _HEX = re.compile(r"^[0-9a-fA-F]*$")
 MAX_DEPTH = 64  # OTLP itself nests ~10 deep; the rest is attribute values within attributes
 _INT64_MAX = (1 << 63) - 1
+_ZERO_TRACE, _ZERO_SPAN = bytes(16), bytes(8)
+STAGE_ATTRIBUTE = "ttft.stage"  # semconv.ATTR_STAGE, indexed by the store
 
 
 class OTLPDecodeError(ValueError):
@@ -126,6 +129,8 @@ def metrics_request_from_body(
 def any_value(value: AnyValue) -> Any:
     """AnyValue -> str/int/float/bool/list/dict (bytes as hex); an empty value -> None."""
     kind = value.WhichOneof("value")
+    if kind in _SCALARS:
+        return getattr(value, kind)
     if kind is None:
         return None
     if kind == "array_value":
@@ -137,6 +142,9 @@ def any_value(value: AnyValue) -> Any:
     if kind == "double_value":
         return finite(value.double_value)
     return getattr(value, kind)
+
+
+_SCALARS = frozenset({"string_value", "int_value", "bool_value"})
 
 
 def finite(number: float) -> float | str:
@@ -158,6 +166,14 @@ def _enum_name(enum: Any, number: int, prefix: str) -> str:
         return str(number)
 
 
+def _enum_names(enum: Any, prefix: str) -> dict[int, str]:
+    return {number: _enum_name(enum, number, prefix) for number in enum.values()}
+
+
+_KIND_NAMES = _enum_names(trace_pb2.Span.SpanKind, "SPAN_KIND_")
+_STATUS_NAMES = _enum_names(trace_pb2.Status.StatusCode, "STATUS_CODE_")
+
+
 def _id(raw: bytes) -> str | None:
     return raw.hex() if raw else None
 
@@ -169,7 +185,7 @@ def _span(span: trace_pb2.Span, resource: dict, scope: str) -> dict:
         "span_id": span.span_id.hex(),
         "parent_span_id": _id(span.parent_span_id),
         "name": span.name,
-        "kind": _enum_name(trace_pb2.Span.SpanKind, span.kind, "SPAN_KIND_"),
+        "kind": _KIND_NAMES.get(span.kind) or str(span.kind),
         "start_ns": int(span.start_time_unix_nano),
         "end_ns": int(span.end_time_unix_nano),
         "attributes": attributes(span.attributes),
@@ -186,7 +202,7 @@ def _span(span: trace_pb2.Span, resource: dict, scope: str) -> dict:
             for lk in span.links
         ],
         "status": {
-            "code": _enum_name(trace_pb2.Status.StatusCode, span.status.code, "STATUS_CODE_"),
+            "code": _STATUS_NAMES.get(span.status.code) or str(span.status.code),
             "message": span.status.message,
         },
     }
@@ -194,10 +210,11 @@ def _span(span: trace_pb2.Span, resource: dict, scope: str) -> dict:
 
 def _check_span(span: trace_pb2.Span) -> str | None:
     """Why the span cannot be stored, or None."""
-    if len(span.trace_id) != 16 or not any(span.trace_id):
-        return f"trace_id is {len(span.trace_id)} bytes (or all zero), must be 16"
-    if len(span.span_id) != 8 or not any(span.span_id):
-        return f"span_id is {len(span.span_id)} bytes (or all zero), must be 8"
+    trace_id, span_id = span.trace_id, span.span_id
+    if len(trace_id) != 16 or trace_id == _ZERO_TRACE:
+        return f"trace_id is {len(trace_id)} bytes (or all zero), must be 16"
+    if len(span_id) != 8 or span_id == _ZERO_SPAN:
+        return f"span_id is {len(span_id)} bytes (or all zero), must be 8"
     if len(span.parent_span_id) not in (0, 8):
         return f"parent_span_id is {len(span.parent_span_id)} bytes, must be 8 or empty"
     for name in ("start_time_unix_nano", "end_time_unix_nano"):
@@ -214,16 +231,49 @@ def decode_trace_request(request: ExportTraceServiceRequest) -> list[dict]:
     whole request with an OTLPDecodeError naming it: the sender learns what it got wrong, and
     the store never holds a span analysis cannot place."""
     out = []
+    for resource, scope, span in _checked_spans(request):
+        out.append(_span(span, resource, scope))
+    return out
+
+
+def _checked_spans(request: ExportTraceServiceRequest) -> Iterator[tuple[dict, str, Any]]:
     for i, rs in enumerate(request.resource_spans):
         resource = attributes(rs.resource.attributes)
         for j, ss in enumerate(rs.scope_spans):
+            scope = ss.scope.name
             for k, span in enumerate(ss.spans):
                 problem = _check_span(span)
                 if problem:
                     raise OTLPDecodeError(f"resourceSpans[{i}].scopeSpans[{j}].spans[{k}] "
                                           f"({span.name[:60]!r}): {problem}")
-                out.append(_span(span, resource, ss.scope.name))
-    return out
+                yield resource, scope, span
+
+
+def decode_trace_rows(request: ExportTraceServiceRequest) -> list[tuple]:
+    """The receiver's fast path: the same spans as ``decode_trace_request``, straight into the
+    store's row shape (``SpanStore.add_span_rows``) without building the full dict first; the
+    fields most spans leave at their defaults are left out, as the store would."""
+    rows = []
+    for resource, scope, span in _checked_spans(request):
+        attrs = attributes(span.attributes)
+        rest: dict[str, Any] = {"attributes": attrs, "scope": scope}
+        if span.kind != 1:
+            rest["kind"] = _KIND_NAMES.get(span.kind) or str(span.kind)
+        if span.events:
+            rest["events"] = [{"name": e.name, "time_ns": int(e.time_unix_nano),
+                               "attributes": attributes(e.attributes)} for e in span.events]
+        if span.links:
+            rest["links"] = [{"trace_id": lk.trace_id.hex(), "span_id": lk.span_id.hex(),
+                              "attributes": attributes(lk.attributes)} for lk in span.links]
+        status = span.status
+        if status.code or status.message:
+            rest["status"] = {"code": _STATUS_NAMES.get(status.code) or str(status.code),
+                              "message": status.message}
+        stage = attrs.get(STAGE_ATTRIBUTE)
+        rows.append((span.trace_id.hex(), span.span_id.hex(), _id(span.parent_span_id),
+                     span.name, stage if type(stage) is str else None,
+                     span.start_time_unix_nano, span.end_time_unix_nano, resource, rest))
+    return rows
 
 
 # --- metrics ------------------------------------------------------------------------------------

@@ -27,7 +27,6 @@ OPTIONS = [
     ("grpc.so_reuseport", 0),
     ("grpc.max_receive_message_length", MAX_BODY_BYTES),  # checked after decompression too
     ("grpc.max_connection_idle_ms", 5 * 60_000),
-    ("grpc.max_concurrent_streams", 100),
 ]
 
 

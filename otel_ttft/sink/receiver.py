@@ -119,7 +119,7 @@ class OTLPReceiver:
 
     # --- ingestion (shared by HTTP and gRPC) ----------------------------------------------------
     def ingest_traces(self, request: Message) -> int:
-        return self.store.add_spans(otlp_decode.decode_trace_request(request))
+        return self.store.add_span_rows(otlp_decode.decode_trace_rows(request))
 
     def ingest_metrics(self, request: Message) -> int:
         return self.store.add_metric_points(otlp_decode.decode_metrics_request(request))

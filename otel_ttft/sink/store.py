@@ -67,11 +67,6 @@ class StoreUnavailable(OSError):
     the batch is stored, and the sender should retry later."""
 
 
-def _dumps(value: object) -> str:
-    # allow_nan=False: the receiver normalizes non-finite numbers; anything left is a bug to see.
-    return json.dumps(value, separators=(",", ":"), allow_nan=False, default=_json_default)
-
-
 def _json_default(value: object) -> object:
     if isinstance(value, bytes):
         return value.hex()
@@ -80,7 +75,27 @@ def _json_default(value: object) -> object:
     raise TypeError(f"not JSON serializable: {type(value).__name__}")
 
 
-def _span_row(span: dict) -> tuple:
+# allow_nan=False: the receiver normalizes non-finite numbers; anything left is a bug to see.
+_dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False, default=_json_default).encode
+
+
+def _batch_rows(spans: Iterable[dict]) -> list[tuple]:
+    """Rows for a batch; a resource shared by many spans (as decoded) is encoded once."""
+    encoded: dict[int, tuple[dict, str]] = {}
+    rows = []
+    for span in spans:
+        resource = span.get("resource") if isinstance(span, dict) else None
+        if isinstance(resource, dict):
+            cached = encoded.get(id(resource))
+            if cached is None or cached[0] is not resource:
+                cached = encoded[id(resource)] = (resource, _dumps(resource))
+            rows.append(_span_row(span, cached[1]))
+        else:
+            rows.append(_span_row(span))
+    return rows
+
+
+def _span_row(span: dict, resource_json: str | None = None) -> tuple:
     """Columns for one span; ValueError when it is not a normalized span."""
     if not isinstance(span, dict):
         raise ValueError(f"a span must be a dict, got {type(span).__name__}")
@@ -103,7 +118,7 @@ def _span_row(span: dict) -> tuple:
             if k not in _SPAN_COLUMNS and k != "resource" and _SPAN_DEFAULTS.get(k, _MISSING) != v}
     return (span["trace_id"], span["span_id"], parent, span["name"],
             stage if isinstance(stage, str) else None, span["start_ns"], span["end_ns"],
-            _dumps(span.get("resource") or {}), _dumps(rest))
+            resource_json or _dumps(span.get("resource") or {}), _dumps(rest))
 
 
 def _point_row(point: dict) -> tuple:
@@ -159,7 +174,19 @@ class SpanStore:
         """Store one batch of normalized spans; returns when it is committed (then it survives
         a crash). ValueError for a malformed span (nothing stored), StoreUnavailable when the
         disk refuses."""
-        return self._submit("spans", [_span_row(s) for s in spans])
+        return self._submit("spans", _batch_rows(spans))
+
+    def add_span_rows(self, rows: list[tuple]) -> int:
+        """Store spans decoded by ``otlp_decode.decode_trace_rows`` (already checked there):
+        the receiver's path, encoding each resource once per batch."""
+        encoded: dict[int, tuple[dict, str]] = {}
+        out = []
+        for *columns, resource, rest in rows:
+            cached = encoded.get(id(resource))
+            if cached is None or cached[0] is not resource:
+                cached = encoded[id(resource)] = (resource, _dumps(resource))
+            out.append((*columns, cached[1], _dumps(rest)))
+        return self._submit("spans", out)
 
     def add_metric_points(self, points: Iterable[dict]) -> int:
         """Store one batch of normalized metric data points, like ``add_spans``."""
