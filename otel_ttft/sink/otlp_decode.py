@@ -156,7 +156,12 @@ def finite(number: float) -> float | str:
 
 
 def attributes(key_values: Any) -> dict[str, Any]:
-    return {kv.key: any_value(kv.value) for kv in key_values}
+    out = {}
+    for kv in key_values:  # scalars inline: this runs for every attribute of every span
+        value = kv.value
+        kind = value.WhichOneof("value")
+        out[kv.key] = getattr(value, kind) if kind in _SCALARS else any_value(value)
+    return out
 
 
 def _enum_name(enum: Any, number: int, prefix: str) -> str:

