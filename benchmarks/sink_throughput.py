@@ -47,7 +47,8 @@ def encode_batch(exporter: int, batch: int, n: int) -> bytes:
         sid = base | (i + 1)
         span = ss.spans.add(trace_id=(sid // 8 + 1).to_bytes(16, "big"),
                             span_id=sid.to_bytes(8, "big"), name="Queue", kind=1,
-                            start_time_unix_nano=t0 + i * 1000, end_time_unix_nano=t0 + i * 1000 + 500)
+                            start_time_unix_nano=t0 + i * 1000,
+                            end_time_unix_nano=t0 + i * 1000 + 500)
         if i % 8:
             span.parent_span_id = ((sid & ~7) | 1).to_bytes(8, "big")
         span.attributes.add(key="ttft.stage").value.string_value = "queue"

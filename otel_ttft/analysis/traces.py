@@ -16,14 +16,8 @@ from typing import Any
 
 from otel_ttft import semconv
 from otel_ttft.sink import otlp_decode
-from otel_ttft.sink.store import (
-    DB_FILE,
-    SPANS_FILE,
-    StoreFormatError,
-    is_store_db,
-    read_spans,
-    read_traces,
-)
+from otel_ttft.sink.store import DB_FILE, SPANS_FILE, StoreFormatError, is_store_db
+from otel_ttft.sink.store_read import read_spans, read_traces
 
 UNATTRIBUTED = "unattributed"
 _VLLM_STAGES = semconv.VLLM_SPAN_STAGES
