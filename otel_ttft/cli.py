@@ -17,6 +17,7 @@ def _sink(args: argparse.Namespace) -> int:
     grpc_port = None if args.grpc_port < 0 else args.grpc_port
     if hasattr(signal, "SIGXFSZ"):  # over a file-size limit: a failed write (503), not death
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    _raise_descriptor_limit()
     try:
         receiver = OTLPReceiver(SpanStore(args.dir), args.host, args.http_port, grpc_port,
                                 allow_non_loopback=args.allow_non_loopback).start()
@@ -37,6 +38,20 @@ def _sink(args: argparse.Namespace) -> int:
     finally:
         receiver.stop()
     return 0
+
+
+def _raise_descriptor_limit() -> None:
+    """One descriptor per exporter connection: take the hard limit, not the soft default."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or hard > 65536:
+            hard = 65536
+        if soft != resource.RLIM_INFINITY and soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError):
+        pass
 
 
 def _port(low: int) -> Callable[[str], int]:

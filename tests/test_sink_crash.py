@@ -4,9 +4,11 @@ acknowledged is lost, and the store never becomes unreadable."""
 from __future__ import annotations
 
 import http.client
+import os
 import random
 import resource
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -24,18 +26,26 @@ TRACE = bytes.fromhex("5b8efff798038103d269b633813fc60c")
 class Sink:
     """``otel-ttft sink`` in a child process on a free port."""
 
-    def __init__(self, store: Path, fsize_limit: int | None = None) -> None:
+    def __init__(self, store: Path, fsize_limit: int | None = None,
+                 nofile_limit: int | None = None) -> None:
         def limit() -> None:
             if fsize_limit is not None:
                 resource.setrlimit(resource.RLIMIT_FSIZE, (fsize_limit, fsize_limit))
+            if nofile_limit is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile_limit, nofile_limit))
 
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "otel_ttft.cli", "sink", "--dir", str(store),
-             "--http-port", "0", "--grpc-port", "-1"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=limit)
+        self.err_path = store.parent / "sink.err"  # a file: an unread pipe would fill and block
+        with open(self.err_path, "ab") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "otel_ttft.cli", "sink", "--dir", str(store),
+                 "--http-port", "0", "--grpc-port", "-1"],
+                stdout=subprocess.PIPE, stderr=err, text=True, preexec_fn=limit)
         line = self.proc.stdout.readline()
-        assert line.startswith("OTLP/HTTP"), line + self.proc.stderr.read()
+        assert line.startswith("OTLP/HTTP"), line + self.stderr()
         self.port = int(line.split()[1].rsplit(":", 1)[1])
+
+    def stderr(self) -> str:
+        return self.err_path.read_text(errors="replace")[-3000:]
 
     def kill(self) -> None:
         self.proc.kill()
@@ -43,7 +53,7 @@ class Sink:
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
-        assert self.proc.wait(20) == 0, self.proc.stderr.read()
+        assert self.proc.wait(20) == 0, self.stderr()
 
 
 def batch(first: int, n: int, pad: int = 0) -> bytes:
@@ -135,3 +145,41 @@ def test_file_size_limit_gives_503_and_keeps_what_was_acknowledged(tmp_path: Pat
     finally:
         sink.stop()
     assert acked | set(range(first, first + 50)) <= stored_ids(store)
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_descriptor_limit_does_not_spin(tmp_path: Path) -> None:
+    """Out of file descriptors, the accept loop backs off instead of spinning at 100% CPU, and
+    serves again once connections close."""
+    sink = Sink(tmp_path / "store", nofile_limit=96)
+    held = []
+    try:
+        for _ in range(150):  # more than the sink can accept
+            held.append(socket.create_connection(("127.0.0.1", sink.port), timeout=10))
+        time.sleep(0.5)
+        before = _cpu_seconds(sink.proc.pid)
+        time.sleep(3)
+        busy = _cpu_seconds(sink.proc.pid) - before
+        assert busy < 1.0, f"sink used {busy:.1f} s of CPU in 3 s while out of descriptors"
+        for s in held:
+            s.close()
+        held.clear()
+        deadline = time.monotonic() + 30
+        while True:  # accepting resumes (asyncio retries after a pause)
+            try:
+                if send(sink.port, batch(1, 10))[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "the sink did not recover"
+            time.sleep(0.5)
+        assert sink.proc.poll() is None
+    finally:
+        for s in held:
+            s.close()
+        sink.stop()
+    assert set(range(1, 11)) <= stored_ids(tmp_path / "store")

@@ -9,8 +9,10 @@ reading and inflating, OTLP's error body (``google.rpc.Status``) on every error,
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
 import threading
+import time
 import zlib
 from collections.abc import Awaitable, Callable
 
@@ -211,13 +213,33 @@ class _Protocol(HttpToolsProtocol):
             self.transport.close()
 
 
+class _ListenSocket(socket.socket):
+    """The listening socket, with one fix to asyncio's accept loop: out of descriptors, asyncio
+    logs, pauses accepting for a second, and then keeps calling ``accept`` up to ``backlog``
+    times in the same tick, logging and scheduling a retry each time (thousands per second at
+    a backlog of 2,048: a spin). After one EMFILE, further calls in that burst report "nothing
+    to accept", so the pause is one log line and one retry per second."""
+
+    _out_of_descriptors_at = -1.0
+
+    def accept(self):  # type: ignore[override]
+        if time.monotonic() - self._out_of_descriptors_at < 0.5:
+            raise BlockingIOError(errno.EAGAIN, "pausing: out of file descriptors")
+        try:
+            return super().accept()
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                self._out_of_descriptors_at = time.monotonic()
+            raise
+
+
 class HTTPServer:
     """uvicorn serving the app on its own thread and event loop, on a socket bound here so that
     port 0 works and a bind error is raised to the caller."""
 
     def __init__(self, app: Starlette, host: str, port: int) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.sock = socket.socket(family, socket.SOCK_STREAM)
+        self.sock = _ListenSocket(family, socket.SOCK_STREAM)
         try:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             self.sock.bind((host, port))

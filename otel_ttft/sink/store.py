@@ -21,6 +21,7 @@ import os
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -31,6 +32,7 @@ METRICS_FILE = "metrics.jsonl"
 STORE_FILES = (DB_FILE, DB_FILE + "-wal", DB_FILE + "-shm", SPANS_FILE, METRICS_FILE)
 
 _INT64_MAX = (1 << 63) - 1
+WRITE_TIMEOUT_S = 60.0
 _SPAN_COLUMNS = ("trace_id", "span_id", "parent_span_id", "name", "start_ns", "end_ns")
 # Values most spans have, left out of the stored JSON and put back on reading: less to parse.
 _SPAN_DEFAULTS = {"kind": "INTERNAL", "events": [], "links": [],
@@ -198,7 +200,11 @@ class SpanStore:
         self._ensure_writer()
         job = _Job(table, rows)
         self._queue.put(job)
-        job.done.wait()
+        deadline = time.monotonic() + WRITE_TIMEOUT_S
+        while not job.done.wait(1.0):
+            if time.monotonic() > deadline:  # a writer wedged on a dead disk: say so
+                raise StoreUnavailable(f"the store did not commit within {WRITE_TIMEOUT_S:g} s")
+            self._ensure_writer()  # one that died (could not open the store) is replaced
         if job.error is not None:
             raise job.error
         return len(rows)
@@ -219,7 +225,11 @@ class SpanStore:
             self._writer = None
 
     def _write_loop(self) -> None:
-        conn = connect(self.db_path)
+        try:
+            conn = connect(self.db_path)
+        except sqlite3.Error as exc:  # out of descriptors, store removed...: fail what waits
+            self._fail_waiting(_unavailable(exc))
+            return
         try:
             while True:
                 job = self._queue.get()
@@ -238,6 +248,17 @@ class SpanStore:
                 self._commit_group(conn, jobs)
         finally:
             conn.close()
+
+    def _fail_waiting(self, error: StoreUnavailable) -> None:
+        """Answer every queued job with ``error``; the next batch starts a new writer."""
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None:
+                job.error = error
+                job.done.set()
 
     def _commit_group(self, conn: sqlite3.Connection, jobs: list[_Job]) -> None:
         try:
