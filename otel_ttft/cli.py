@@ -46,10 +46,9 @@ def _raise_descriptor_limit() -> None:
         import resource
 
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if hard == resource.RLIM_INFINITY or hard > 65536:
-            hard = 65536
-        if soft != resource.RLIM_INFINITY and soft < hard:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        target = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+        if soft != resource.RLIM_INFINITY and soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
     except (ImportError, ValueError, OSError):
         pass
 
