@@ -7,7 +7,7 @@ import contextlib
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 
@@ -16,6 +16,9 @@ def _sink(args: argparse.Namespace) -> int:
     from otel_ttft.sink.store import SpanStore
 
     grpc_port = None if args.grpc_port < 0 else args.grpc_port
+    if hasattr(signal, "SIGXFSZ"):  # over a file-size limit: a failed write (503), not death
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    _raise_descriptor_limit()
     try:
         receiver = OTLPReceiver(SpanStore(args.dir), args.host, args.http_port, grpc_port,
                                 allow_non_loopback=args.allow_non_loopback).start()
@@ -38,33 +41,89 @@ def _sink(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tree(args: argparse.Namespace) -> int:
-    from otel_ttft.analysis.traces import (
-        TraceFileError,
-        build_trees,
-        find_activation_roots,
-        find_request_spans,
-        load_spans,
-    )
-    from otel_ttft.analysis.tree import render_tree
+def _raise_descriptor_limit() -> None:
+    """One descriptor per exporter connection: take the hard limit, not the soft default."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+        if soft != resource.RLIM_INFINITY and soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
+def _port(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+        if not low <= value <= 65535:
+            raise argparse.ArgumentTypeError(f"{value} is not in {low}-65535")
+        return value
+    return parse
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
+
+
+def _export(args: argparse.Namespace) -> int:
+    from otel_ttft.analysis.traces import TraceFileError
+    from otel_ttft.sink.otlp_encode import export_json
 
     try:
-        spans = load_spans(args.path)
+        count = export_json(args.path, args.output)
+    except (TraceFileError, OSError) as exc:
+        print(f"otel-ttft export: {exc}", file=sys.stderr)
+        return 2
+    print(f"{count} spans written to {args.output} (OTLP/JSON, one export request per line)")
+    return 0
+
+
+def _tree(args: argparse.Namespace) -> int:
+    """Streams trace by trace (bounded memory over a store): each trace's activation and request
+    trees; when the input has neither, every tree."""
+    from otel_ttft.analysis.traces import TraceFileError, iter_traces
+    from otel_ttft.analysis.tree import tree_roots
+
+    wanted = args.trace.lower() if args.trace else None
+    printed = 0
+    fallback: list[object] = []  # roots of plain traces, printed only if nothing else is
+    too_many = False
+    try:
+        for spans in iter_traces(args.path, trace_id=wanted):
+            picked, plain = tree_roots(spans)
+            for root in picked:
+                printed += _print_tree(root, args.max_depth, printed)
+            if not printed and not too_many:
+                fallback.extend(plain)
+                too_many = len(fallback) > 10_000
+                if too_many:
+                    fallback.clear()
+        if not printed and too_many:  # no activation anywhere: a second pass for plain trees
+            fallback = [r for spans in iter_traces(args.path) for r in tree_roots(spans)[1]]
+        if not printed:
+            for root in sorted(fallback, key=lambda r: r.start_ns):
+                printed += _print_tree(root, args.max_depth, printed)
     except TraceFileError as exc:
         print(f"otel-ttft tree: {exc}", file=sys.stderr)
         return 2
-    if args.trace:
-        spans = [s for s in spans if s["trace_id"] == args.trace.lower()]
-        if not spans:
-            print(f"otel-ttft tree: no spans of trace {args.trace} in {args.path}",
-                  file=sys.stderr)
-            return 2
-    roots = find_activation_roots(spans) + find_request_spans(spans) or sorted(
-        (r for rs in build_trees(spans).values() for r in rs), key=lambda r: r.start_ns)
-    if not roots:
-        print(f"otel-ttft tree: no spans in {args.path}", file=sys.stderr)
+    except BrokenPipeError:  # `| head`: the reader has what it wanted
+        sys.stderr.close()
+        return 0
+    if not printed:
+        what = f"no spans of trace {args.trace}" if wanted else "no spans"
+        print(f"otel-ttft tree: {what} in {args.path}", file=sys.stderr)
         return 2
-    print("\n\n".join(render_tree(root, max_depth=args.max_depth) for root in roots))
     return 0
 
 
@@ -124,6 +183,11 @@ def _positive(kind: type):
             raise argparse.ArgumentTypeError(f"must be a positive number: {text!r}")
         return value
     return parse
+def _print_tree(root: object, max_depth: int | None, printed: int) -> int:
+    from otel_ttft.analysis.tree import render_tree
+
+    sys.stdout.write(("\n\n" if printed else "") + render_tree(root, max_depth=max_depth))
+    return 1
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -178,10 +242,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_demo)
 
     p = sub.add_parser("sink", help="run the embedded OTLP receiver into a local store")
-    p.add_argument("--dir", required=True, help="store directory (spans.jsonl, metrics.jsonl)")
+    p.add_argument("--dir", required=True, help="store directory (telemetry.db)")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--http-port", type=int, default=4318)
-    p.add_argument("--grpc-port", type=int, default=4317, help="-1 disables gRPC")
+    p.add_argument("--http-port", type=_port(0), default=4318, help="0 picks a free port")
+    p.add_argument("--grpc-port", type=_port(-1), default=4317, help="-1 disables gRPC")
     p.add_argument("--allow-non-loopback", action="store_true",
                    help="accept unauthenticated writes from other hosts")
     p.set_defaults(func=_sink)
@@ -189,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tree", help="render span trees from a store dir, spans.jsonl or OTLP JSON")
     p.add_argument("path")
     p.add_argument("--trace", help="only this trace id (32 hex)")
-    p.add_argument("--max-depth", type=int, default=None)
+    p.add_argument("--max-depth", type=_non_negative, default=None)
     p.set_defaults(func=_tree)
 
     p = sub.add_parser("analyze", help="split each first token into stages and name the stage "
@@ -228,6 +292,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-different-runs", action="store_true",
                    help="compare even when client, sampling, concurrency or prompts differ")
     p.set_defaults(func=_check)
+    p = sub.add_parser("export", help="write a store's spans as OTLP/JSON (file exporter format)")
+    p.add_argument("path", help="store dir, telemetry.db, spans.jsonl or OTLP/JSON")
+    p.add_argument("-o", "--output", required=True, help="file to write ('-' for stdout)")
+    p.set_defaults(func=_export)
 
     sub.add_parser("doctor", add_help=False, help="which hooks are live for the installed vLLM")
     return parser

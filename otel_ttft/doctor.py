@@ -42,10 +42,13 @@ def _endpoint() -> tuple[str | None, str]:
 def _reachable(url: str | None, timeout_s: float = 1.0) -> bool | None:
     if url is None:
         return None
-    parsed = urlparse(url if "://" in url else f"http://{url}")
+    try:
+        parsed = urlparse(url if "://" in url else f"http://{url}")
+        port = parsed.port or (443 if parsed.scheme == "https" else 4317)
+    except ValueError:  # a port out of range or not a number: not reachable, and not a crash
+        return False
     if not parsed.hostname:
         return None
-    port = parsed.port or (443 if parsed.scheme == "https" else 4317)
     try:
         with socket.create_connection((parsed.hostname, port), timeout=timeout_s):
             return True

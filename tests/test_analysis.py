@@ -194,7 +194,7 @@ def test_malformed_file_names_line(tmp_path: Path, bad_line: str, reason: str) -
 def test_missing_inputs(tmp_path: Path) -> None:
     with pytest.raises(TraceFileError, match="no such file"):
         load_spans(tmp_path / "nope.jsonl")
-    with pytest.raises(TraceFileError, match="no spans.jsonl"):
+    with pytest.raises(TraceFileError, match="not a store"):
         load_spans(tmp_path)
     with pytest.raises(TraceFileError, match="empty file"):
         load_spans(_write_lines(tmp_path / "empty.jsonl", []))
@@ -220,7 +220,7 @@ def test_cli_tree_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert cli.main(["tree", str(tmp_path / "missing.jsonl")]) == 2
     assert "missing.jsonl" in capsys.readouterr().err
     assert cli.main(["tree", str(bad.parent)]) == 2  # a directory without spans.jsonl
-    assert "no spans.jsonl" in capsys.readouterr().err
+    assert "not a store" in capsys.readouterr().err
     SpanStore(tmp_path / "store").add_spans(activation_spans())
     assert cli.main(["tree", str(tmp_path / "store"), "--trace", "00" * 16]) == 2
     assert "no spans of trace" in capsys.readouterr().err

@@ -192,13 +192,31 @@ def test_non_loopback_refused(tmp_path, host: str) -> None:
         OTLPReceiver(SpanStore(tmp_path), host=host)
 
 
-def test_store_tolerates_truncated_last_line(tmp_path) -> None:
+def test_earlier_jsonl_store_still_read(tmp_path) -> None:
+    """A directory written by an earlier version (spans.jsonl, a crash's partial last line)."""
+    span = {"trace_id": "ab" * 16, "span_id": "cd" * 8, "name": "old", "start_ns": 1,
+            "end_ns": 2}
+    (tmp_path / "spans.jsonl").write_text(json.dumps(span) + "\n" + '{"span_id": "c", "na')
     store = SpanStore(tmp_path)
-    store.add_spans([{"span_id": "a"}, {"span_id": "b"}])
-    with open(store.spans_path, "ab") as f:
-        f.write(b'{"span_id": "c", "na')  # the process died mid-write
-    assert [s["span_id"] for s in store.spans()] == ["a", "b"]
-    again = SpanStore(tmp_path)  # a restarted receiver cuts the partial line before appending
-    again.add_spans([{"span_id": "d"}])
-    assert [s["span_id"] for s in again.spans()] == ["a", "b", "d"]
-    assert store.spans_path.read_bytes().endswith(b"\n")
+    new = dict(span, span_id="ef" * 8, name="new", resource={"service.name": "x"})
+    store.add_spans([new])
+    assert [s["name"] for s in store.spans()] == ["old", "new"]
+    assert store.spans()[1] == {  # read back in the normalized shape, every key present
+        **new, "parent_span_id": None, "kind": "INTERNAL", "attributes": {}, "events": [],
+        "links": [], "status": {"code": "UNSET", "message": ""}}
+    store.close()
+
+
+def test_receiver_fast_path_stores_what_the_full_decoder_returns(tmp_path) -> None:
+    """``decode_trace_rows`` (the receiver's path) and ``decode_trace_request`` (files) agree."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    from otel_ttft.sink import otlp_decode
+
+    request = encode_spans(_make_spans())
+    full, fast = SpanStore(tmp_path / "full"), SpanStore(tmp_path / "fast")
+    full.add_spans(otlp_decode.decode_trace_request(request))
+    fast.add_span_rows(otlp_decode.decode_trace_rows(request))
+    assert fast.spans() == full.spans() == otlp_decode.decode_trace_request(request)
+    full.close()
+    fast.close()

@@ -37,13 +37,6 @@ def iter_traces(source: str | Path, *, since_s: float | None = None,
             raise SourceError(str(exc)) from None
         return
     try:
-        reader = getattr(traces, "iter_traces", None)
-        if reader is not None:
-            yield from reader(source)
-            return
-        by_trace: dict[str, list[dict]] = {}
-        for span in traces.load_spans(source):
-            by_trace.setdefault(span["trace_id"], []).append(span)
-        yield from by_trace.values()
+        yield from traces.iter_traces(source)
     except traces.TraceFileError as exc:
         raise SourceError(str(exc)) from None

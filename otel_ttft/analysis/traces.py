@@ -8,21 +8,24 @@ the two questions every report starts with: how much of a span its children expl
 
 from __future__ import annotations
 
+import heapq
 import json
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from otel_ttft import semconv
 from otel_ttft.sink import otlp_decode
-from otel_ttft.sink.store import SPANS_FILE
+from otel_ttft.sink.store import DB_FILE, SPANS_FILE, StoreFormatError, is_store_db
+from otel_ttft.sink.store_read import read_spans, read_traces
 
 UNATTRIBUTED = "unattributed"
+_VLLM_STAGES = semconv.VLLM_SPAN_STAGES
 _NS = 1e9
 _OTLP_TRACE_KEYS = ("resourceSpans", "resource_spans")
 _OTLP_OTHER_KEYS = ("resourceMetrics", "resource_metrics", "resourceLogs", "resource_logs")
 _REQUIRED = {"trace_id": str, "span_id": str, "name": str, "start_ns": int, "end_ns": int}
+_OPTIONAL = {"parent_span_id": str, "attributes": dict, "resource": dict}
 
 
 class TraceFileError(ValueError):
@@ -36,12 +39,57 @@ class TraceFileError(ValueError):
 
 # --- loading ------------------------------------------------------------------------------------
 def load_spans(path: str | Path) -> list[dict]:
-    """Normalized spans from a store directory, a ``spans.jsonl`` file or an OTLP/JSON file."""
+    """Normalized spans from a store directory or database, an earlier version's ``spans.jsonl``,
+    or an OTLP/JSON file (one export request per line, or one object)."""
     path = Path(path)
     if path.is_dir():
-        path = path / SPANS_FILE
-        if not path.is_file():
-            raise TraceFileError(path.parent, None, f"no {SPANS_FILE} in this directory")
+        db, legacy = _store_files(path)
+        spans = _load_file(legacy) if legacy else []
+        return spans + (_read_db(db, read_spans) if db else [])
+    if is_store_db(path):
+        return _read_db(path, read_spans)
+    return _load_file(path)
+
+
+def iter_traces(path: str | Path, trace_id: str | None = None) -> Iterator[list[dict]]:
+    """The spans of one trace per item, traces in trace-id order, for every source ``load_spans``
+    reads. Analysis that looks at one trace at a time should consume this, not ``load_spans``:
+    over a store database it streams through the trace-id index, so memory is bounded by the
+    largest trace, not the store. ``trace_id``: only that trace (an index lookup in a store)."""
+    path = Path(path)
+    db = path if is_store_db(path) else _store_files(path)[0] if path.is_dir() else None
+    if db is not None and not (path.is_dir() and _store_files(path)[1]):
+        try:
+            yield from read_traces(db, trace_id)
+        except StoreFormatError as exc:
+            raise TraceFileError(db, None, exc.reason) from None
+        return
+    by_trace: dict[str, list[dict]] = {}
+    for span in load_spans(path):
+        if trace_id is None or span["trace_id"] == trace_id:
+            by_trace.setdefault(span["trace_id"], []).append(span)
+    for tid in sorted(by_trace):
+        yield by_trace.pop(tid)
+
+
+def _store_files(directory: Path) -> tuple[Path | None, Path | None]:
+    """(database, earlier version's spans.jsonl) of a store directory, each when present."""
+    db, legacy = directory / DB_FILE, directory / SPANS_FILE
+    found = (db if db.is_file() else None, legacy if legacy.is_file() else None)
+    if found == (None, None):
+        raise TraceFileError(directory, None,
+                             f"not a store: no {DB_FILE} (nor {SPANS_FILE}) in this directory")
+    return found
+
+
+def _read_db(path: Path, reader: Callable[[Path], Iterable[dict]]) -> list[dict]:
+    try:
+        return list(reader(path))
+    except StoreFormatError as exc:
+        raise TraceFileError(path, None, exc.reason) from None
+
+
+def _load_file(path: Path) -> list[dict]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -95,22 +143,44 @@ def _spans_from_object(path: Path, lineno: int, obj: Any) -> list[dict]:
         for key, typ in _REQUIRED.items():
             if not isinstance(obj.get(key), typ) or isinstance(obj.get(key), bool):
                 raise TraceFileError(path, lineno, f"span without a valid {key!r}")
+        for key, typ in _OPTIONAL.items():
+            if obj.get(key) is not None and not isinstance(obj[key], typ):
+                raise TraceFileError(path, lineno, f"span {obj['span_id']!r}: {key!r} is not "
+                                     f"a JSON {'object' if typ is dict else 'string'}")
         return [obj]
     raise TraceFileError(path, lineno, "neither a span nor an OTLP/JSON trace export request")
 
 
 # --- trees --------------------------------------------------------------------------------------
-@dataclass
 class SpanNode:
-    """One span and its children, sorted by start time."""
+    """One span and its children, sorted by start time. Fields analysis reads on every visit
+    are checked and converted once, here, so a malformed value cannot fail a report later."""
 
-    span: dict
-    children: list[SpanNode] = field(default_factory=list)
-    parent: SpanNode | None = field(default=None, repr=False, compare=False)
+    __slots__ = ("span", "children", "parent", "name", "start_ns", "end_ns", "attributes",
+                 "resource", "stage")
 
-    @property
-    def name(self) -> str:
-        return self.span.get("name", "")
+    def __init__(self, span: dict, children: list[SpanNode] | None = None,
+                 parent: SpanNode | None = None) -> None:
+        self.span = span
+        self.children: list[SpanNode] = [] if children is None else children
+        self.parent = parent
+        get = span.get
+        name, start, end = get("name"), get("start_ns"), get("end_ns")
+        attributes, resource = get("attributes"), get("resource")
+        # type() is, not isinstance: bool is no time, and this runs once per span of a million
+        self.name: str = name if type(name) is str else ""
+        self.start_ns: int = start if type(start) is int else 0
+        self.end_ns: int = end if type(end) is int and end > self.start_ns else self.start_ns
+        self.attributes: dict = attributes if type(attributes) is dict else {}
+        self.resource: dict = resource if type(resource) is dict else {}
+        stage = self.attributes.get(semconv.ATTR_STAGE)
+        # A vLLM span that opened before our plugin loaded in its process (so could not be
+        # tagged) gets the stage its name stands for.
+        self.stage: str | None = stage if type(stage) is str and stage else \
+            _VLLM_STAGES.get(self.name)
+
+    def __repr__(self) -> str:
+        return f"SpanNode({self.name!r}, {self.span_id}, {len(self.children)} children)"
 
     @property
     def span_id(self) -> str:
@@ -121,33 +191,8 @@ class SpanNode:
         return self.span.get("trace_id", "")
 
     @property
-    def start_ns(self) -> int:
-        return int(self.span.get("start_ns", 0))
-
-    @property
-    def end_ns(self) -> int:
-        return max(int(self.span.get("end_ns", 0)), self.start_ns)
-
-    @property
     def duration_s(self) -> float:
         return (self.end_ns - self.start_ns) / _NS
-
-    @property
-    def attributes(self) -> dict:
-        return self.span.get("attributes") or {}
-
-    @property
-    def resource(self) -> dict:
-        return self.span.get("resource") or {}
-
-    @property
-    def stage(self) -> str | None:
-        """``ttft.stage``, or for a vLLM span that opened before our plugin loaded in its
-        process (so could not be tagged), the stage its name stands for."""
-        stage = self.attributes.get(semconv.ATTR_STAGE)
-        if isinstance(stage, str) and stage:
-            return stage
-        return semconv.VLLM_SPAN_STAGES.get(self.name)
 
     def walk(self) -> Iterator[SpanNode]:
         """This node and every descendant, depth first, in start order."""
@@ -159,24 +204,27 @@ class SpanNode:
 
 
 def build_trees(spans: Iterable[dict]) -> dict[str, list[SpanNode]]:
-    """trace id -> root nodes by start time. A span whose parent is absent is a root; a span
-    exported twice counts once (the last copy wins)."""
+    """trace id -> root nodes by start time. A span whose parent is absent is a root, and so is
+    every span on a parent cycle; a span exported twice counts once (the last copy wins).
+    Linear apart from sorting siblings; no recursion, so any depth works."""
     by_trace: dict[str, dict[str, dict]] = {}
     for span in spans:
         by_trace.setdefault(span["trace_id"], {})[span["span_id"]] = span
     trees: dict[str, list[SpanNode]] = {}
     for trace_id, members in by_trace.items():
         nodes = {sid: SpanNode(span) for sid, span in members.items()}
+        on_cycle = _cycle_members(members)
         roots = []
         for sid, node in nodes.items():
             parent_id = node.span.get("parent_span_id")
-            if parent_id in nodes and not _closes_cycle(sid, parent_id, members):
+            if parent_id in nodes and sid not in on_cycle:
                 node.parent = nodes[parent_id]
                 node.parent.children.append(node)
             else:
                 roots.append(node)
         for node in nodes.values():
-            node.children.sort(key=_order)
+            if len(node.children) > 1:
+                node.children.sort(key=_order)
         trees[trace_id] = sorted(roots, key=_order)
     return trees
 
@@ -185,15 +233,25 @@ def _order(node: SpanNode) -> tuple[int, int, str]:
     return node.start_ns, -node.end_ns, node.name
 
 
-def _closes_cycle(span_id: str, parent_id: str, members: dict[str, dict]) -> bool:
-    seen = {span_id}
-    current: str | None = parent_id
-    while current in members:
-        if current in seen:
-            return True
-        seen.add(current)
-        current = members[current].get("parent_span_id")
-    return False
+def _cycle_members(members: dict[str, dict]) -> set[str]:
+    """Span ids on a parent cycle. Each span has one parent, so following parents from every
+    span once, and remembering where each walk went, finds every cycle in linear time."""
+    state: dict[str, int] = {}  # 1: on the current walk, 2: done
+    cycles: set[str] = set()
+    for start in members:
+        if start in state:
+            continue
+        path: list[str] = []
+        current: str | None = start
+        while current in members and current not in state:
+            state[current] = 1
+            path.append(current)
+            current = members[current].get("parent_span_id")
+        if current in state and state[current] == 1:  # the walk met itself: a cycle
+            cycles.update(path[path.index(current):])
+        for sid in path:
+            state[sid] = 2
+    return cycles
 
 
 def iter_nodes(trees: dict[str, list[SpanNode]]) -> Iterator[SpanNode]:
@@ -247,23 +305,41 @@ def coverage(node: SpanNode) -> float:
 
 def self_time_by_stage(root: SpanNode) -> dict[str, float]:
     """Seconds of the root's interval per stage: each instant goes to the deepest span covering it
-    that carries ``ttft.stage``; instants no stage span covers go to ``unattributed``."""
+    that carries ``ttft.stage`` (among equals, the one that started last: the innermost in
+    practice); instants no stage span covers go to ``unattributed``. A sweep over start and end
+    points with a heap of open spans: O(n log n)."""
     lo, hi = root.start_ns, root.end_ns
-    staged: list[tuple[int, int, int, int, str]] = []  # start, end, depth, order, stage
+    result: dict[str, float] = {}
+    if hi <= lo:
+        return result
+    events: list[tuple[int, int, int]] = []  # (time, 0 end / 1 start, index into staged)
+    staged: list[tuple[int, int, str]] = []  # (depth, start, stage)
     stack = [(root, 0)]
     while stack:
         node, depth = stack.pop()
         stack.extend((child, depth + 1) for child in node.children)
         start, end = max(node.start_ns, lo), min(node.end_ns, hi)
-        if node.stage and end > start:
-            staged.append((start, end, depth, node.start_ns, node.stage))
-    result: dict[str, float] = {}
-    if hi <= lo:
-        return result
-    bounds = sorted({lo, hi, *(s for s, *_ in staged), *(e for _, e, *_ in staged)})
-    for a, b in zip(bounds, bounds[1:], strict=False):
-        covering = [item for item in staged if item[0] <= a and item[1] >= b]
-        # deepest wins; among equals, the one that started last (the innermost in practice)
-        stage = max(covering, key=lambda i: (i[2], i[3]))[4] if covering else UNATTRIBUTED
-        result[stage] = result.get(stage, 0.0) + (b - a) / _NS
+        stage = node.stage
+        if stage and end > start:
+            events.append((start, 1, len(staged)))
+            events.append((end, 0, len(staged)))
+            staged.append((depth, node.start_ns, stage))
+    events.sort()
+    open_heap: list[tuple[int, int, int]] = []  # (-depth, -start, index): the winner on top
+    closed: set[int] = set()
+    cursor = lo
+    for time_ns, is_start, index in events:
+        if time_ns > cursor:
+            while open_heap and open_heap[0][2] in closed:
+                heapq.heappop(open_heap)
+            stage = staged[open_heap[0][2]][2] if open_heap else UNATTRIBUTED
+            result[stage] = result.get(stage, 0.0) + (time_ns - cursor) / _NS
+            cursor = time_ns
+        if is_start:
+            depth, start, _ = staged[index]
+            heapq.heappush(open_heap, (-depth, -start, index))
+        else:
+            closed.add(index)
+    if hi > cursor:
+        result[UNATTRIBUTED] = result.get(UNATTRIBUTED, 0.0) + (hi - cursor) / _NS
     return result

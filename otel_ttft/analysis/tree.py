@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from typing import Any
 
 from otel_ttft import semconv
-from otel_ttft.analysis.traces import SpanNode, coverage, self_time_by_stage
+from otel_ttft.analysis.traces import SpanNode, build_trees, coverage, self_time_by_stage
 
 # Resource attribute the plugin may set per process; ttft.process.kind on the span wins.
 RESOURCE_PROCESS_KIND = "vllm.process_kind"
+MAX_INDENT = 40  # tree levels drawn as indentation; deeper ones are numbered instead
 
 
 def format_duration(seconds: float) -> str:
@@ -35,7 +37,8 @@ def format_bytes(n: float) -> str:
 def _num(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value)
+    number = float(value)
+    return number if math.isfinite(number) else None
 
 
 def _fmt(label: str, render: Callable[[float], str]) -> Callable[[Any], str | None]:
@@ -85,6 +88,9 @@ KEY_NUMBERS: tuple[tuple[str, Callable[[Any], str | None]], ...] = (
 )
 
 
+_KEY_ORDER = {key: i for i, (key, _) in enumerate(KEY_NUMBERS)}
+
+
 def process_kind(node: SpanNode) -> str | None:
     kind = node.attributes.get(semconv.ATTR_PROCESS_KIND) or node.resource.get(
         RESOURCE_PROCESS_KIND
@@ -104,7 +110,9 @@ def describe(node: SpanNode, root_start_ns: int) -> str:
     kind = process_kind(node)
     if kind:
         parts.append(f"({kind})")
-    numbers = [text for key, fmt in KEY_NUMBERS if (text := fmt(node.attributes.get(key)))]
+    attrs = node.attributes
+    present = sorted(_KEY_ORDER[key] for key in attrs if key in _KEY_ORDER) if attrs else ()
+    numbers = [text for i in present if (text := KEY_NUMBERS[i][1](attrs[KEY_NUMBERS[i][0]]))]
     if numbers:
         parts.append("  " + ", ".join(numbers))
     return " ".join(parts)
@@ -124,7 +132,8 @@ def _request_footer(request: SpanNode) -> list[str]:
         bucket = outside if stage == semconv.STAGE_FIRST_DECODE else in_ttft
         bucket[stage] = bucket.get(stage, 0.0) + child.duration_s
     parts = " + ".join(f"{stage} {format_duration(s)}" for stage, s in in_ttft.items())
-    head = f"server TTFT {format_duration(float(ttft))}" if ttft is not None else "server TTFT ?"
+    ttft_s = _num(ttft)
+    head = f"server TTFT {format_duration(ttft_s)}" if ttft_s is not None else "server TTFT ?"
     lines = [f"{head} = {parts}" if parts else head]
     for stage, seconds in outside.items():
         lines.append(f"{stage} {format_duration(seconds)} (after the first token)")
@@ -134,21 +143,27 @@ def _request_footer(request: SpanNode) -> list[str]:
 def render_tree(root: SpanNode, *, max_depth: int | None = None) -> str:
     """The tree, one span per line, then root coverage and self time per stage."""
     lines = [describe(root, root.start_ns)]
-
-    def visit(node: SpanNode, prefix: str, depth: int) -> None:
-        for i, child in enumerate(node.children):
-            last = i == len(node.children) - 1
-            line = prefix + ("└─ " if last else "├─ ") + describe(child, root.start_ns)
+    if max_depth is not None and max_depth <= 0 and root.children:
+        lines[0] += f"  (+{_count(root)} spans hidden)"
+    else:  # depth first with an explicit stack: a 100,000-deep chain renders too
+        stack = [(root.children, 0, "", 0)]  # (siblings, next index, prefix, depth)
+        while stack:
+            siblings, i, prefix, depth = stack.pop()
+            if i >= len(siblings):
+                continue
+            stack.append((siblings, i + 1, prefix, depth))
+            child, last = siblings[i], i == len(siblings) - 1
+            branch = "└─ " if last else "├─ "
+            if depth >= MAX_INDENT:  # deeper levels stop indenting: output stays linear
+                branch += f"[depth {depth + 1}] "
+            line = prefix + branch + describe(child, root.start_ns)
             if max_depth is not None and depth + 1 >= max_depth and child.children:
                 lines.append(f"{line}  (+{_count(child)} spans hidden)")
                 continue
             lines.append(line)
-            visit(child, prefix + ("   " if last else "│  "), depth + 1)
-
-    if max_depth is not None and max_depth <= 0 and root.children:
-        lines[0] += f"  (+{_count(root)} spans hidden)"
-    else:
-        visit(root, "", 0)
+            if child.children:
+                indent = prefix if depth >= MAX_INDENT else prefix + ("   " if last else "│  ")
+                stack.append((child.children, 0, indent, depth + 1))
     lines.append("")
     if root.name == semconv.SPAN_REQUEST:
         lines.extend(_request_footer(root))
@@ -163,3 +178,20 @@ def render_tree(root: SpanNode, *, max_depth: int | None = None) -> str:
         lines.append(f"  {stage:<{width}}  {format_duration(seconds):>10}  "
                      f"{seconds / total * 100:5.1f}%")
     return "\n".join(lines)
+
+
+def tree_roots(spans: list[dict]) -> tuple[list[SpanNode], list[SpanNode]]:
+    """For one trace's spans: (activation then request spans, wherever they sit, each by start
+    time; the trace's roots), what ``tree`` renders, in one pass over the nodes."""
+    activations, requests, roots = [], [], []
+    for trace_roots in build_trees(spans).values():
+        roots.extend(trace_roots)
+        for root in trace_roots:
+            for node in root.walk():
+                if node.name == semconv.SPAN_ACTIVATION:
+                    activations.append(node)
+                elif node.name == semconv.SPAN_REQUEST:
+                    requests.append(node)
+    def by_start(n: SpanNode) -> tuple[int, int, str]:
+        return n.start_ns, -n.end_ns, n.name
+    return sorted(activations, key=by_start) + sorted(requests, key=by_start), roots

@@ -21,7 +21,7 @@ from otel_ttft.analysis.traces import build_trees, find_activation_roots, find_r
 from otel_ttft.analysis.tree import format_duration, render_tree
 from otel_ttft.replay.server import ServerStartError, VllmServer
 from otel_ttft.sink.receiver import OTLPReceiver
-from otel_ttft.sink.store import METRICS_FILE, SPANS_FILE, SpanStore
+from otel_ttft.sink.store import STORE_FILES, SpanStore
 
 DEFAULT_OUT = Path("out/demo")
 LOG_FILE = "vllm-server.log"
@@ -114,7 +114,7 @@ def _installed() -> bool:
 
 
 def _clear(out: Path, out_stream: TextIO) -> None:
-    old = [out / n for n in (SPANS_FILE, METRICS_FILE, LOG_FILE) if (out / n).exists()]
+    old = [out / n for n in (*STORE_FILES, LOG_FILE) if (out / n).exists()]
     if old:
         print(f"replacing the previous demo data in {out}", file=out_stream)
         for path in old:

@@ -1,131 +1,72 @@
-"""Append-only local store for received telemetry: ``spans.jsonl`` and ``metrics.jsonl``.
+"""The local telemetry store: one SQLite database (``telemetry.db``) per directory.
 
-One normalized JSON object per line, written and flushed per received batch, so a crash of the
-receiver (or of the machine running a long cold-start experiment) loses at most the batch in
-flight. Reading skips a truncated last line; before appending, a truncated tail left by an
-earlier crash is cut off so every complete line stays parseable.
+Why SQLite: a batch is acknowledged only after its transaction commits, so a crash (kill -9)
+or a full disk loses nothing acknowledged and never leaves a half-written record; WAL mode lets
+``tree``/``analyze`` read while the sink writes; indexes on trace id, name, stage and start time
+let analysis stream one trace at a time instead of loading a million spans.
+
+One writer thread owns the write connection and commits whatever batches are waiting in one
+transaction (group commit), so 200 concurrent exporters cost a few fsyncs per second, not 200.
+Resources, repeated on every span of a process, are stored once and referenced.
+
+Directories written by earlier versions (``spans.jsonl``, ``metrics.jsonl``) are still read,
+before the database's rows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
+import sqlite3
 import threading
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Iterable
 from pathlib import Path
 
+DB_FILE = "telemetry.db"
+# Earlier versions' JSON-lines files, still read (and cleared by ``clear``).
 SPANS_FILE = "spans.jsonl"
 METRICS_FILE = "metrics.jsonl"
+STORE_FILES = (DB_FILE, DB_FILE + "-wal", DB_FILE + "-shm", SPANS_FILE, METRICS_FILE)
+
+_INT64_MAX = (1 << 63) - 1
+WRITE_TIMEOUT_S = 60.0
+_SPAN_COLUMNS = ("trace_id", "span_id", "parent_span_id", "name", "start_ns", "end_ns")
+# Values most spans have, left out of the stored JSON and put back on reading: less to parse.
+_SPAN_DEFAULTS = {"kind": "INTERNAL", "events": [], "links": [],
+                  "status": {"code": "UNSET", "message": ""}}
+_MISSING = object()
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS resources (id INTEGER PRIMARY KEY, data TEXT NOT NULL UNIQUE);
+CREATE TABLE IF NOT EXISTS spans (
+    id INTEGER PRIMARY KEY, trace_id TEXT NOT NULL, span_id TEXT NOT NULL,
+    parent_span_id TEXT, name TEXT NOT NULL, stage TEXT, start_ns INTEGER NOT NULL,
+    end_ns INTEGER NOT NULL, resource_id INTEGER REFERENCES resources(id), data TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS spans_by_trace ON spans(trace_id);
+CREATE INDEX IF NOT EXISTS spans_by_name ON spans(name, start_ns);
+CREATE INDEX IF NOT EXISTS spans_by_stage ON spans(stage, start_ns);
+CREATE INDEX IF NOT EXISTS spans_by_start ON spans(start_ns);
+CREATE TABLE IF NOT EXISTS metric_points (
+    id INTEGER PRIMARY KEY, name TEXT NOT NULL, time_ns INTEGER,
+    resource_id INTEGER REFERENCES resources(id), data TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS metric_points_by_name ON metric_points(name, time_ns);
+"""
+_STAGE_KEY = "ttft.stage"  # semconv.ATTR_STAGE; not imported to keep the sink free of analysis
 
 
 class StoreFormatError(ValueError):
-    """A complete line of a store file is not a JSON object (corruption, not a crash)."""
+    """A stored record is unreadable (corruption or a foreign file, not a crash)."""
 
-    def __init__(self, path: Path, lineno: int, reason: str) -> None:
-        super().__init__(f"{path}:{lineno}: {reason}")
+    def __init__(self, path: Path, lineno: int | None, reason: str) -> None:
+        super().__init__(f"{path}:{lineno}: {reason}" if lineno else f"{path}: {reason}")
         self.path, self.lineno, self.reason = path, lineno, reason
 
 
-def iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
-    """Yield ``(line number, object)``; a last line without a newline that does not parse is the
-    remainder of an interrupted write and is skipped."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return
-    lines = data.split(b"\n")
-    for index, raw in enumerate(lines):
-        if not raw.strip():
-            continue
-        is_tail = index == len(lines) - 1  # no newline after it
-        try:
-            obj = json.loads(raw)
-        except ValueError as exc:
-            if is_tail:
-                return
-            raise StoreFormatError(path, index + 1, f"not JSON ({exc})") from None
-        if not isinstance(obj, dict):
-            if is_tail:
-                return
-            raise StoreFormatError(path, index + 1, "not a JSON object")
-        yield index + 1, obj
-
-
-def _cut_truncated_tail(path: Path) -> None:
-    """Drop bytes after the last newline (an interrupted write), so appends start a fresh line."""
-    try:
-        with open(path, "rb+") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            if size == 0:
-                return
-            f.seek(size - 1)
-            if f.read(1) == b"\n":
-                return
-            # Scan back in chunks for the last newline.
-            pos, keep = size, 0
-            while pos > 0:
-                step = min(65536, pos)
-                pos -= step
-                f.seek(pos)
-                chunk = f.read(step)
-                nl = chunk.rfind(b"\n")
-                if nl >= 0:
-                    keep = pos + nl + 1
-                    break
-            f.truncate(keep)
-    except FileNotFoundError:
-        return
-
-
-class SpanStore:
-    """Spans and metric data points as JSON lines under one directory; safe across threads."""
-
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
-        self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
-        self._repaired: set[Path] = set()
-
-    @property
-    def spans_path(self) -> Path:
-        return self.directory / SPANS_FILE
-
-    @property
-    def metrics_path(self) -> Path:
-        return self.directory / METRICS_FILE
-
-    def add_spans(self, spans: Iterable[dict]) -> int:
-        """Append one batch of normalized spans; returns how many were written."""
-        return self._append(self.spans_path, spans)
-
-    def add_metric_points(self, points: Iterable[dict]) -> int:
-        """Append one batch of normalized metric data points; returns how many were written."""
-        return self._append(self.metrics_path, points)
-
-    def spans(self) -> list[dict]:
-        return [obj for _, obj in iter_jsonl(self.spans_path)]
-
-    def metric_points(self) -> list[dict]:
-        return [obj for _, obj in iter_jsonl(self.metrics_path)]
-
-    def _append(self, path: Path, records: Iterable[dict]) -> int:
-        lines = [json.dumps(r, separators=(",", ":"), default=_json_default) for r in records]
-        if not lines:
-            return 0
-        payload = ("\n".join(lines) + "\n").encode()
-        with self._lock:
-            if path not in self._repaired:
-                _cut_truncated_tail(path)
-                self._repaired.add(path)
-            # One write per batch: a crash can only truncate the tail, never interleave lines.
-            with open(path, "ab") as f:
-                f.write(payload)
-                f.flush()
-        return len(lines)
-
-    def __repr__(self) -> str:
-        return f"SpanStore({str(self.directory)!r})"
+class StoreUnavailable(OSError):
+    """The store could not commit a batch (disk full, file-size limit, I/O error); nothing of
+    the batch is stored, and the sender should retry later."""
 
 
 def _json_default(value: object) -> object:
@@ -134,3 +75,283 @@ def _json_default(value: object) -> object:
     if isinstance(value, (set, tuple)):
         return list(value)
     raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+# allow_nan=False: the receiver normalizes non-finite numbers; anything left is a bug to see.
+_dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False, default=_json_default).encode
+
+
+def _batch_rows(spans: Iterable[dict]) -> list[tuple]:
+    """Rows for a batch; a resource shared by many spans (as decoded) is encoded once."""
+    encoded: dict[int, tuple[dict, str]] = {}
+    rows = []
+    for span in spans:
+        resource = span.get("resource") if isinstance(span, dict) else None
+        if isinstance(resource, dict):
+            cached = encoded.get(id(resource))
+            if cached is None or cached[0] is not resource:
+                cached = encoded[id(resource)] = (resource, _dumps(resource))
+            rows.append(_span_row(span, cached[1]))
+        else:
+            rows.append(_span_row(span))
+    return rows
+
+
+def _span_row(span: dict, resource_json: str | None = None) -> tuple:
+    """Columns for one span; ValueError when it is not a normalized span."""
+    if not isinstance(span, dict):
+        raise ValueError(f"a span must be a dict, got {type(span).__name__}")
+    for key in ("trace_id", "span_id", "name"):
+        if not isinstance(span.get(key), str):
+            raise ValueError(f"span without a string {key!r}")
+    parent = span.get("parent_span_id")
+    if parent is not None and not isinstance(parent, str):
+        raise ValueError("span with a non-string 'parent_span_id'")
+    for key in ("start_ns", "end_ns"):
+        value = span.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= _INT64_MAX:
+            raise ValueError(f"span {span['span_id']!r}: {key!r} is not a time in ns")
+    for key, typ in (("attributes", dict), ("resource", dict), ("events", list),
+                     ("links", list)):
+        if span.get(key) is not None and not isinstance(span[key], typ):
+            raise ValueError(f"span {span['span_id']!r}: {key!r} is not a {typ.__name__}")
+    stage = (span.get("attributes") or {}).get(_STAGE_KEY)
+    rest = {k: v for k, v in span.items()
+            if k not in _SPAN_COLUMNS and k != "resource" and _SPAN_DEFAULTS.get(k, _MISSING) != v}
+    return (span["trace_id"], span["span_id"], parent, span["name"],
+            stage if isinstance(stage, str) else None, span["start_ns"], span["end_ns"],
+            resource_json or _dumps(span.get("resource") or {}), _dumps(rest))
+
+
+def _point_row(point: dict) -> tuple:
+    if not isinstance(point, dict) or not isinstance(point.get("name"), str):
+        raise ValueError("a metric point must be a dict with a string 'name'")
+    time_ns = point.get("time_ns")
+    if not isinstance(time_ns, int) or isinstance(time_ns, bool) or not 0 <= time_ns <= _INT64_MAX:
+        time_ns = None
+    rest = {k: v for k, v in point.items() if k != "resource"}
+    return point["name"], time_ns, _dumps(point.get("resource") or {}), _dumps(rest)
+
+
+class _Job:
+    __slots__ = ("table", "rows", "done", "error")
+
+    def __init__(self, table: str, rows: list[tuple]) -> None:
+        self.table, self.rows = table, rows
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+
+class SpanStore:
+    """Spans and metric data points of one directory; writes from any thread."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self._resource_ids: dict[str, int] = {}
+        try:  # create the schema now: readers may come first
+            connect(self.db_path).close()
+        except sqlite3.DatabaseError as exc:
+            raise StoreFormatError(self.db_path, None, f"not a usable store ({exc})") from None
+
+    @property
+    def db_path(self) -> Path:
+        return self.directory / DB_FILE
+
+    @property
+    def spans_path(self) -> Path:
+        """What to hand ``load_spans``/``tree`` for this store's spans."""
+        return self.db_path
+
+    @property
+    def metrics_path(self) -> Path:
+        """Metric points live in the same database."""
+        return self.db_path
+
+    # --- writing --------------------------------------------------------------------------------
+    def add_spans(self, spans: Iterable[dict]) -> int:
+        """Store one batch of normalized spans; returns when it is committed (then it survives
+        a crash). ValueError for a malformed span (nothing stored), StoreUnavailable when the
+        disk refuses."""
+        return self._submit("spans", _batch_rows(spans))
+
+    def add_span_rows(self, rows: list[tuple]) -> int:
+        """Store spans decoded by ``otlp_decode.decode_trace_rows`` (already checked there):
+        the receiver's path, encoding each resource once per batch."""
+        encoded: dict[int, tuple[dict, str]] = {}
+        out = []
+        for *columns, resource, rest in rows:
+            cached = encoded.get(id(resource))
+            if cached is None or cached[0] is not resource:
+                cached = encoded[id(resource)] = (resource, _dumps(resource))
+            out.append((*columns, cached[1], _dumps(rest)))
+        return self._submit("spans", out)
+
+    def add_metric_points(self, points: Iterable[dict]) -> int:
+        """Store one batch of normalized metric data points, like ``add_spans``."""
+        return self._submit("metric_points", [_point_row(p) for p in points])
+
+    def _submit(self, table: str, rows: list[tuple]) -> int:
+        if not rows:
+            return 0
+        self._ensure_writer()
+        job = _Job(table, rows)
+        self._queue.put(job)
+        deadline = time.monotonic() + WRITE_TIMEOUT_S
+        while not job.done.wait(1.0):
+            if time.monotonic() > deadline:  # a writer wedged on a dead disk: say so
+                raise StoreUnavailable(f"the store did not commit within {WRITE_TIMEOUT_S:g} s")
+            self._ensure_writer()  # one that died (could not open the store) is replaced
+        if job.error is not None:
+            raise job.error
+        return len(rows)
+
+    def _ensure_writer(self) -> None:
+        with self._start_lock:
+            if self._writer is None or not self._writer.is_alive():
+                self._writer = threading.Thread(target=self._write_loop, name="otel-ttft-store",
+                                                daemon=True)
+                self._writer.start()
+
+    def close(self) -> None:
+        """Stop the writer thread (after what is queued); the store can still be read."""
+        with self._start_lock:
+            if self._writer is not None and self._writer.is_alive():
+                self._queue.put(None)
+                self._writer.join(10)
+            self._writer = None
+
+    def _write_loop(self) -> None:
+        try:
+            conn = connect(self.db_path)
+        except sqlite3.Error as exc:  # out of descriptors, store removed...: fail what waits
+            self._fail_waiting(_unavailable(exc))
+            return
+        try:
+            while True:
+                job = self._queue.get()
+                if job is None:
+                    return
+                jobs = [job]
+                while len(jobs) < 256:
+                    try:
+                        more = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if more is None:
+                        self._queue.put(None)
+                        break
+                    jobs.append(more)
+                self._commit_group(conn, jobs)
+        finally:
+            conn.close()
+
+    def _fail_waiting(self, error: StoreUnavailable) -> None:
+        """Answer every queued job with ``error``; the next batch starts a new writer."""
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None:
+                job.error = error
+                job.done.set()
+
+    def _commit_group(self, conn: sqlite3.Connection, jobs: list[_Job]) -> None:
+        try:
+            self._commit(conn, jobs)
+        except sqlite3.Error as exc:
+            if len(jobs) == 1:
+                jobs[0].error = _unavailable(exc)
+            else:  # one at a time, so one job's failure is not every job's
+                for job in jobs:
+                    try:
+                        self._commit(conn, [job])
+                    except sqlite3.Error as one:
+                        job.error = _unavailable(one)
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
+            for job in jobs:
+                job.error = exc
+        for job in jobs:
+            job.done.set()
+
+    def _commit(self, conn: sqlite3.Connection, jobs: list[_Job]) -> None:
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for job in jobs:
+                if job.table == "spans":
+                    conn.executemany(
+                        "INSERT INTO spans (trace_id, span_id, parent_span_id, name, stage, "
+                        "start_ns, end_ns, resource_id, data) VALUES (?,?,?,?,?,?,?,?,?)",
+                        [(*r[:7], self._resource_id(conn, r[7]), r[8]) for r in job.rows])
+                else:
+                    conn.executemany(
+                        "INSERT INTO metric_points (name, time_ns, resource_id, data) "
+                        "VALUES (?,?,?,?)",
+                        [(r[0], r[1], self._resource_id(conn, r[2]), r[3]) for r in job.rows])
+            conn.execute("COMMIT")
+        except BaseException:
+            self._resource_ids.clear()  # ids handed out in the rolled-back transaction are void
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            raise
+
+    def _resource_id(self, conn: sqlite3.Connection, data: str) -> int:
+        rid = self._resource_ids.get(data)
+        if rid is None:
+            conn.execute("INSERT OR IGNORE INTO resources (data) VALUES (?)", (data,))
+            rid = conn.execute("SELECT id FROM resources WHERE data = ?", (data,)).fetchone()[0]
+            if len(self._resource_ids) > 10_000:
+                self._resource_ids.clear()
+            self._resource_ids[data] = rid
+        return rid
+
+    # --- reading --------------------------------------------------------------------------------
+    def spans(self) -> list[dict]:
+        from otel_ttft.sink.store_read import iter_jsonl, read_spans
+
+        """Every span, earlier versions' ``spans.jsonl`` first, then in arrival order."""
+        legacy = [obj for _, obj in iter_jsonl(self.directory / SPANS_FILE)]
+        return legacy + list(read_spans(self.db_path))
+
+    def metric_points(self) -> list[dict]:
+        from otel_ttft.sink.store_read import iter_jsonl, read_metric_points
+
+        legacy = [obj for _, obj in iter_jsonl(self.directory / METRICS_FILE)]
+        return legacy + list(read_metric_points(self.db_path))
+
+    def __repr__(self) -> str:
+        return f"SpanStore({str(self.directory)!r})"
+
+
+def _unavailable(exc: sqlite3.Error) -> StoreUnavailable:
+    return StoreUnavailable(f"cannot commit to the store: {exc}")
+
+
+# --- connections -------------------------------------------------------------------------------
+def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
+    """A connection in WAL mode (creating the schema unless ``readonly``)."""
+    if readonly:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None,
+                               check_same_thread=False, timeout=30)
+        conn.execute("PRAGMA query_only=1")
+        conn.execute("PRAGMA cache_size=-16384")
+        return conn
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")  # a commit is on disk before it is acknowledged
+    conn.execute("PRAGMA cache_size=-65536")  # 64 MiB: index pages stay hot (a third less CPU)
+    conn.executescript(_SCHEMA)
+    return conn
+
+
+def is_store_db(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(16) == b"SQLite format 3\x00"
+    except OSError:
+        return False
