@@ -24,6 +24,8 @@ import threading
 import time
 from pathlib import Path
 
+from otel_ttft import semconv
+
 SPANS_PER_BATCH = 512
 EXPORT_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
@@ -46,15 +48,15 @@ def encode_batch(exporter: int, batch: int, n: int) -> bytes:
     for i in range(n):
         sid = base | (i + 1)
         span = ss.spans.add(trace_id=(sid // 8 + 1).to_bytes(16, "big"),
-                            span_id=sid.to_bytes(8, "big"), name="Queue", kind=1,
+                            span_id=sid.to_bytes(8, "big"), name=semconv.SPAN_REQUEST_QUEUE, kind=1,
                             start_time_unix_nano=t0 + i * 1000,
                             end_time_unix_nano=t0 + i * 1000 + 500)
         if i % 8:
             span.parent_span_id = ((sid & ~7) | 1).to_bytes(8, "big")
-        span.attributes.add(key="ttft.stage").value.string_value = "queue"
-        span.attributes.add(key="ttft.process.kind").value.string_value = "engine_core"
-        span.attributes.add(key="ttft.request.preemptions").value.int_value = i % 3
-        span.attributes.add(key="ttft.request.arrival.kv_usage").value.double_value = 0.25
+        span.attributes.add(key=semconv.ATTR_STAGE).value.string_value = semconv.STAGE_QUEUE
+        span.attributes.add(key=semconv.ATTR_PROCESS_KIND).value.string_value = "engine_core"
+        span.attributes.add(key=semconv.ATTR_REQUEST_PREEMPTIONS).value.int_value = i % 3
+        span.attributes.add(key=semconv.ATTR_REQUEST_ARRIVAL_KV_USAGE).value.double_value = 0.25
     return req.SerializeToString()
 
 

@@ -23,6 +23,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
+from otel_ttft import semconv
+
 __all__ = [
     "OTLPDecodeError",
     "decode_metrics_request",
@@ -40,7 +42,6 @@ _HEX = re.compile(r"^[0-9a-fA-F]*$")
 MAX_DEPTH = 64  # OTLP itself nests ~10 deep; the rest is attribute values within attributes
 _INT64_MAX = (1 << 63) - 1
 _ZERO_TRACE, _ZERO_SPAN = bytes(16), bytes(8)
-STAGE_ATTRIBUTE = "ttft.stage"  # semconv.ATTR_STAGE, indexed by the store
 
 
 class OTLPDecodeError(ValueError):
@@ -274,7 +275,7 @@ def decode_trace_rows(request: ExportTraceServiceRequest) -> list[tuple]:
         if status.code or status.message:
             rest["status"] = {"code": _STATUS_NAMES.get(status.code) or str(status.code),
                               "message": status.message}
-        stage = attrs.get(STAGE_ATTRIBUTE)
+        stage = attrs.get(semconv.ATTR_STAGE)
         rows.append((span.trace_id.hex(), span.span_id.hex(), _id(span.parent_span_id),
                      span.name, stage if type(stage) is str else None,
                      span.start_time_unix_nano, span.end_time_unix_nano, resource, rest))

@@ -25,6 +25,8 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from otel_ttft import semconv
+
 DB_FILE = "telemetry.db"
 # Earlier versions' JSON-lines files, still read (and cleared by ``clear``).
 SPANS_FILE = "spans.jsonl"
@@ -53,7 +55,6 @@ CREATE TABLE IF NOT EXISTS metric_points (
     resource_id INTEGER REFERENCES resources(id), data TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS metric_points_by_name ON metric_points(name, time_ns);
 """
-_STAGE_KEY = "ttft.stage"  # semconv.ATTR_STAGE; not imported to keep the sink free of analysis
 
 
 class StoreFormatError(ValueError):
@@ -115,7 +116,7 @@ def _span_row(span: dict, resource_json: str | None = None) -> tuple:
                      ("links", list)):
         if span.get(key) is not None and not isinstance(span[key], typ):
             raise ValueError(f"span {span['span_id']!r}: {key!r} is not a {typ.__name__}")
-    stage = (span.get("attributes") or {}).get(_STAGE_KEY)
+    stage = (span.get("attributes") or {}).get(semconv.ATTR_STAGE)
     rest = {k: v for k, v in span.items()
             if k not in _SPAN_COLUMNS and k != "resource" and _SPAN_DEFAULTS.get(k, _MISSING) != v}
     return (span["trace_id"], span["span_id"], parent, span["name"],

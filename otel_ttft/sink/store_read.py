@@ -48,20 +48,14 @@ def _span_from_row(row: tuple, resources: _Resources) -> dict:
 
 def read_spans(path: Path, *, where: str = "", params: tuple = (),
                order: str = "id") -> Iterator[dict]:
-    """Stream spans from a store database (arrival order unless told)."""
-    for rows in _span_rows(path, where, params, order):
-        yield from rows
-
-
-def _span_rows(path: Path, where: str, params: tuple, order: str) -> Iterator[list[dict]]:
-    """Spans in chunks of a few thousand: one generator step per chunk, not per span."""
+    """Stream spans from a store database (arrival order unless told). Row by row: a span is
+    garbage as soon as the caller drops it, which keeps the cyclic GC's work small."""
     conn = None
     try:
         conn = connect(path, readonly=True)
         resources = _Resources(conn)
-        cursor = conn.execute(f"{_SPAN_SELECT} {where} ORDER BY {order}", params)
-        while rows := cursor.fetchmany(4096):
-            yield [_span_from_row(row, resources) for row in rows]
+        for row in conn.execute(f"{_SPAN_SELECT} {where} ORDER BY {order}", params):
+            yield _span_from_row(row, resources)
     except sqlite3.DatabaseError as exc:
         raise StoreFormatError(path, None, f"not a readable store ({exc})") from None
     finally:
@@ -75,13 +69,12 @@ def read_traces(path: Path, trace_id: str | None = None) -> Iterator[list[dict]]
     current: list[dict] = []
     current_id = None
     where, params = ("WHERE trace_id = ?", (trace_id,)) if trace_id else ("", ())
-    for chunk in _span_rows(path, where, params, "trace_id, id"):
-        for span in chunk:
-            if span["trace_id"] != current_id:
-                if current:
-                    yield current
-                current, current_id = [], span["trace_id"]
-            current.append(span)
+    for span in read_spans(path, where=where, params=params, order="trace_id, id"):
+        if span["trace_id"] != current_id:
+            if current:
+                yield current
+            current, current_id = [], span["trace_id"]
+        current.append(span)
     if current:
         yield current
 
