@@ -293,10 +293,21 @@ def staged_segments(root: SpanNode, lo: int, hi: int, default: str | None) -> li
         stage = node.stage
         if stage and end > start and stage != semconv.STAGE_FIRST_DECODE:
             items.append((start, end, depth, node.start_ns, stage))
-    bounds = sorted({lo, hi, *(i[0] for i in items), *(i[1] for i in items)})
     items.sort()
-    active: list[tuple[int, int, int, str]] = []  # (-depth, -start order, end, stage)
     out: list[Segment] = []
+    if all(a[1] <= b[0] for a, b in zip(items, items[1:], strict=False)):
+        # Nothing nested or overlapping (a request's stage children tile it): no sweep needed.
+        cursor = lo
+        for start, end, _, _, stage in items:
+            if start > cursor and default is not None:
+                _append(out, cursor, start, default)
+            _append(out, start, end, stage)
+            cursor = end
+        if cursor < hi and default is not None:
+            _append(out, cursor, hi, default)
+        return out
+    bounds = sorted({lo, hi, *(i[0] for i in items), *(i[1] for i in items)})
+    active: list[tuple[int, int, int, str]] = []  # (-depth, -start order, end, stage)
     k = 0
     for a, b in zip(bounds, bounds[1:], strict=False):
         while k < len(items) and items[k][0] <= a:

@@ -24,7 +24,11 @@ def _model(name: object) -> str:
     return os.path.basename(str(name).rstrip("/")) or str(name)
 
 
-def print_analysis(doc: dict, out: TextIO, *, width: int | None = None) -> None:
+MAX_ROWS = 12  # per scenario table: the slowest requests; the JSON has every one
+
+
+def print_analysis(doc: dict, out: TextIO, *, width: int | None = None,
+                   max_rows: int = MAX_ROWS) -> None:
     console = Console(file=out, width=width or 140, highlight=False, soft_wrap=False,
                       force_terminal=False, color_system=None)
     run = doc.get("run") or {}
@@ -32,8 +36,16 @@ def print_analysis(doc: dict, out: TextIO, *, width: int | None = None) -> None:
         console.print(f"replay run {run['run_id']}: driver {run.get('driver')}, models "
                       f"{', '.join(map(str, run.get('models') or []))}, concurrency "
                       f"{run.get('concurrency')}, sampling {run.get('sampling')}")
+    by_scenario: dict[str, list[dict]] = {}
+    for r in doc["requests"]:
+        by_scenario.setdefault(r["scenario"], []).append(r)
     for name, summary in doc["scenarios"].items():
-        rows = [r for r in doc["requests"] if r["scenario"] == name]
+        rows = by_scenario.get(name, [])
+        hidden = max(0, len(rows) - max_rows)
+        if hidden:  # the slowest, in time order
+            slowest = sorted(rows, key=lambda r: r["client_ttft_s"], reverse=True)[:max_rows]
+            keep = {id(r) for r in slowest}
+            rows = [r for r in rows if id(r) in keep]
         table = Table(title=f"{name}  (n={summary['n']}, client TTFT p50 "
                             f"{_seconds(summary['ttft_p50_s'])})", title_justify="left",
                       box=box.SIMPLE_HEAD, pad_edge=False)
@@ -51,6 +63,9 @@ def print_analysis(doc: dict, out: TextIO, *, width: int | None = None) -> None:
                 _seconds(r["client_ttft_s"]), *(_seconds(r["stages"][s]) for s in PIPELINE),
                 f"{top[0]} {_seconds(top[1])}" if top else "-")
         table.add_section()
+        if hidden:
+            table.add_row(f"+{hidden}", "faster", "", "", *([""] * len(PIPELINE)),
+                          "requests not shown")
         table.add_row("p50", "", "", _seconds(summary["ttft_p50_s"]),
                       *(_seconds(summary["stages_p50"][s]) for s in PIPELINE), "")
         console.print(table)
