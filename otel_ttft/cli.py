@@ -73,6 +73,12 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(args.out, keep_going=args.keep_going)
 
 
+def _replay(args: argparse.Namespace) -> int:
+    from otel_ttft.replay.command import main
+
+    return main(args)
+
+
 def _doctor(argv: Sequence[str]) -> int:
     from otel_ttft import doctor
 
@@ -104,6 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", help="only this trace id (32 hex)")
     p.add_argument("--max-depth", type=int, default=None)
     p.set_defaults(func=_tree)
+
+    p = sub.add_parser("replay", help="replay the switch scenarios against real servers, traced")
+    from otel_ttft.replay.command import add_arguments as add_replay_arguments
+
+    add_replay_arguments(p)
+    p.set_defaults(func=_replay)
 
     sub.add_parser("doctor", add_help=False, help="which hooks are live for the installed vLLM")
     return parser
