@@ -239,6 +239,7 @@ ATTR_SWITCH_SIGNAL = "ttft.switch.signal"  # SIGTERM | SIGINT
 ATTR_SWITCH_PROCESSES = "ttft.switch.processes"  # engine processes waited for
 ATTR_SWITCH_PROCESSES_LEFT = "ttft.switch.processes_left"  # still alive when the wait gave up
 ATTR_SWITCH_RELEASED_BYTES = "ttft.switch.released_bytes"  # their resident memory at the signal
+ATTR_SWITCH_ENGINE_EXIT_S = "ttft.switch.engine_exit_seconds"  # signal -> engine processes gone
 SWITCH_REASON_SIGNAL = "signal"
 SWITCH_REASON_SLEEP = "sleep"
 

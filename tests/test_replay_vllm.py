@@ -60,7 +60,10 @@ def test_replay_restart_driver_traces_the_switch_end_to_end(receiver, tmp_path):
         assert request["start_ns"] <= a[semconv.ATTR_CLIENT_REQUEST_SENT_NS] <= child["start_ns"]
         ttft_ns = a[semconv.ATTR_CLIENT_TTFT] * 1e9
         assert a[semconv.ATTR_CLIENT_REQUEST_SENT_NS] - request["start_ns"] < ttft_ns
-        assert a[semconv.GEN_AI_USAGE_INPUT_TOKENS] == prompts["short"]["tokens"], scenario
+        if a[semconv.GEN_AI_REQUEST_MODEL] == name_a:  # the prompts are sized with A's tokenizer
+            assert a[semconv.GEN_AI_USAGE_INPUT_TOKENS] == prompts["short"]["tokens"], scenario
+        else:  # B has a tokenizer of its own
+            assert 0 < a[semconv.GEN_AI_USAGE_INPUT_TOKENS] != prompts["short"]["tokens"]
         assert semconv.ATTR_REPLAY_ERROR not in a
 
     cold, back = requests["cold-switch"], requests["switch-back"]

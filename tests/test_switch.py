@@ -29,6 +29,7 @@ from tests.otel_memory import memory_exporter
 def fresh_switch(monkeypatch):
     monkeypatch.setattr(switch, "_eviction", None)
     monkeypatch.setattr(switch, "EXIT_WAIT_S", 0.1)
+    monkeypatch.setattr(switch, "API_EXIT_WAIT_S", 0.2)  # no interpreter exit in a test
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     yield
     switch.remove_signal_chain()
@@ -66,6 +67,7 @@ def test_chained_handler_opens_the_span_and_still_calls_the_previous_one(fresh_s
     assert attrs[semconv.ATTR_SWITCH_PROCESSES] >= 1
     assert attrs[semconv.ATTR_SWITCH_PROCESSES_LEFT] == 0
     assert attrs[semconv.ATTR_SWITCH_RELEASED_BYTES] > 0
+    assert 0.3 < attrs[semconv.ATTR_SWITCH_ENGINE_EXIT_S] < (span.end_time - span.start_time) / 1e9
     assert span.parent is None
     assert span.start_time >= sent and span.end_time >= exiting
 
@@ -125,6 +127,7 @@ def test_sigterm_to_a_real_vllm_emits_the_switch_span(receiver, tiny_model, tmp_
     assert attrs[semconv.GEN_AI_REQUEST_MODEL] == "tiny-a"
     assert attrs[semconv.ATTR_SWITCH_PROCESSES] >= 2
     assert attrs[semconv.ATTR_SWITCH_PROCESSES_LEFT] == 0
+    assert 0 < attrs[semconv.ATTR_SWITCH_ENGINE_EXIT_S] * 1e9 <= span["end_ns"] - span["start_ns"]
     assert attrs[semconv.ATTR_SWITCH_RELEASED_BYTES] > 100 << 20  # two Python+torch processes
     assert span["parent_span_id"] in (None, "")
     assert sent <= span["start_ns"] <= sent + 2_000_000_000

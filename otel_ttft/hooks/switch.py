@@ -3,9 +3,10 @@
 A restart-style swapper (llama-swap, a systemd unit, a script) stops one vLLM and starts another.
 The user's first token waits for that stop: EngineCore and the workers have to exit and give their
 memory back before the next model fits. The API process measures it: ``vllm.switch``
-(``ttft.stage=switch``) from the SIGTERM/SIGINT until every engine process is gone, exported before
-the process exits. A sleep request (``/sleep``) is the same eviction without a restart: the API-side
-``vllm.switch`` covers the request and EngineCore's "Sleep" [switch.sleep] nests under it.
+(``ttft.stage=switch``) from the SIGTERM/SIGINT until every engine process is gone and the API
+process itself reaches its exit (atexit), exported before the process exits. A sleep request
+(``/sleep``) is the same eviction without a restart: the API-side ``vllm.switch`` covers it and
+EngineCore's "Sleep" [switch.sleep] nests under it.
 
 We chain to vLLM's signal handling, never replace it: once uvicorn listens (vLLM has installed its
 loop handlers by then), our Python-level handler notes the time and calls the one it found.
@@ -34,6 +35,7 @@ WAIT_S = 120.0  # longest wait for the engine processes; the span says how many 
 POLL_S = 0.01
 FLUSH_MS = 3000  # bound on the export before exit
 EXIT_WAIT_S = 10.0  # at interpreter exit, how long the span may still wait for the children
+API_EXIT_WAIT_S = 30.0  # engine gone: how long to wait for this process to reach its exit
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 _lock = threading.Lock()
@@ -42,36 +44,46 @@ _eviction: _Eviction | None = None
 
 
 class _Eviction:
-    """One ``vllm.switch`` span waiting for a set of processes to be gone."""
+    """One ``vllm.switch`` span: the engine processes' exit, then this process reaching its own
+    exit (atexit), which is as late as the process can still see and export."""
 
     def __init__(self, span: trace.Span, procs: list[Any]):
         self.span, self.procs = span, procs
         self.done = threading.Event()
+        self.exiting = threading.Event()
+        self.exit_ns: int | None = None
         self._end_lock = threading.Lock()
 
     def wait_and_end(self, wait_s: float = WAIT_S) -> None:
-        deadline = time.monotonic() + wait_s
+        start = time.monotonic()
+        deadline = start + wait_s
         alive = _alive(self.procs)
         while alive and time.monotonic() < deadline:
             time.sleep(POLL_S)
             alive = _alive(alive)
-        self.end(len(alive))
+        gone_ns = clock.now_ns()
+        self.span.set_attribute(semconv.ATTR_SWITCH_ENGINE_EXIT_S, time.monotonic() - start)
+        # The API process still tears down (HTTP server, engine client): wait for its exit.
+        exited = self.exiting.wait(API_EXIT_WAIT_S)
+        self.end(len(alive), self.exit_ns if exited and self.exit_ns else gone_ns)
 
-    def end(self, left: int) -> None:
+    def end(self, left: int, end_ns: int | None = None) -> None:
         with self._end_lock:
             if self.done.is_set():
                 return
             self.span.set_attribute(semconv.ATTR_SWITCH_PROCESSES_LEFT, left)
-            self.span.end(end_time=clock.now_ns())
+            self.span.end(end_time=end_ns or clock.now_ns())
             self.done.set()
         flush = getattr(trace.get_tracer_provider(), "force_flush", None)
         if flush is not None:
             flush(FLUSH_MS)
 
     def at_exit(self) -> None:
-        """The interpreter is exiting: give the children a last moment, then export anyway."""
+        """The interpreter is exiting: the span ends now (children permitting), exported."""
+        self.exit_ns = clock.now_ns()
+        self.exiting.set()
         if not self.done.wait(EXIT_WAIT_S):
-            self.end(len(_alive(self.procs)))
+            self.end(len(_alive(self.procs)), self.exit_ns)
 
 
 def engine_processes() -> list[Any]:

@@ -205,7 +205,7 @@ def _main(args: argparse.Namespace) -> int:  # noqa: C901 - one check per option
     template_b = args.serve_b or DEFAULT_TEMPLATE
     if args.serve_a is None and adapters and starts_servers:
         template_a += (" --enable-lora --max-loras 1 --max-lora-rank 8 --lora-modules "
-                       + " ".join(f"{n}={p}" for n, p in adapters.items()))
+                       + " ".join(_template_literal(f"{n}={p}") for n, p in adapters.items()))
     if args.driver == "sleep" and starts_servers:
         template_a += "" if args.serve_a else " " + d.SLEEP_ARGS
         template_b += "" if args.serve_b else " " + d.SLEEP_ARGS
@@ -223,6 +223,8 @@ def _main(args: argparse.Namespace) -> int:  # noqa: C901 - one check per option
 def _run(driver_name: str, targets, progress, out: Path, endpoint: str, start_timeout: float,
          request_timeout: float, *, prompts, scenarios, repeat, concurrency, max_tokens, seed,
          proxy_url) -> int:
+    import httpx
+
     from otel_ttft.replay import drivers as d
     from otel_ttft.replay.client import Sampling, make_tracer_provider
     from otel_ttft.replay.demo import telemetry_env
@@ -247,17 +249,25 @@ def _run(driver_name: str, targets, progress, out: Path, endpoint: str, start_ti
                     checkpoints={t.name: Path(t.model) for t in targets
                                  if t.model and Path(t.model).is_dir()},
                     progress=progress)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {out}: {exc.strerror or exc}") from None
     provider = make_tracer_provider(endpoint)
-    out.mkdir(parents=True, exist_ok=True)
     progress.line(f"replay run {run.run_id}: driver {driver.name}, scenarios "
                   f"{', '.join(scenarios)} x{repeat}, spans to {endpoint}")
     try:
         with d.closing(driver):
             run.run(provider, request_timeout)
-    except (d.ServerStartError, d.DriverError, RuntimeError) as exc:
+    except (d.ServerStartError, d.DriverError, RuntimeError, OSError, ValueError,
+            httpx.HTTPError) as exc:  # a warm-up request or a switch failed: one line
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         print(f"otel-ttft replay: {first}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("otel-ttft replay: interrupted; the servers it started are stopped",
+              file=sys.stderr)
+        return 130
     finally:
         provider.shutdown()
     failed = [r for r in run.records if r.result.error]
@@ -273,6 +283,13 @@ def _summary(records, progress) -> None:
         tokens = r.result.input_tokens if r.result.input_tokens is not None else "-"
         progress.line(f"{r.scenario:<15} {r.repeat_index:>2} {r.step.model[:22]:<22} "
                       f"{r.step.prompt:<6} {tokens:>6} {ttft:>11}")
+
+
+def _template_literal(text: str) -> str:
+    """``text`` as one template token: shell-quoted, braces kept literal."""
+    import shlex
+
+    return shlex.quote(text).replace("{", "{{").replace("}", "}}")
 
 
 def run_argv(argv: Sequence[str]) -> int:
