@@ -140,3 +140,64 @@ def _exists(proc: psutil.Process) -> bool:
         return proc.is_running()
     except psutil.Error:
         return False
+
+
+class _EngineCoreClient:
+    """Stands in for the ZMQ client: runs the real EngineCore.sleep as EngineCore would."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    async def sleep_async(self, level, mode):
+        from vllm.v1.engine.core import EngineCore
+
+        EngineCore.sleep(self.engine, level)
+
+
+class _Renderer:
+    async def clear_mm_cache_async(self):
+        pass
+
+
+@pytest.mark.vllm
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_sleep_request_is_one_switch_span_with_engine_sleep_under_it(monkeypatch):
+    """Sleep mode is rejected on CPU: the real AsyncLLM.sleep and EngineCore.sleep run around
+    stand-ins for the executor and the ZMQ hop (same process, so the parent pid is ours)."""
+    import asyncio
+
+    from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.engine.core import EngineCore
+
+    from otel_ttft.hooks import activation
+    from otel_ttft.hooks.registry import HookSet
+
+    exporter = memory_exporter()
+    exporter.clear()
+    monkeypatch.setattr(os, "getppid", os.getpid)
+    hook_set = HookSet([h for h in switch.HOOKS + activation.HOOKS
+                        if h.name in ("switch.api_sleep", "switch.engine_sleep")])
+    hook_set.apply()
+    try:
+        calls = []
+        engine = EngineCore.__new__(EngineCore)
+        engine.model_executor = type("Executor", (), {
+            "is_sleeping": False, "sleep": lambda self, level: calls.append(level)})()
+        engine.pause_scheduler = lambda mode, clear_cache: None
+        llm = AsyncLLM.__new__(AsyncLLM)
+        llm.renderer, llm.engine_core, llm.logger_manager = (
+            _Renderer(), _EngineCoreClient(engine), None)
+        llm.shutdown = lambda timeout=None: None  # its __del__ would tear down what is not there
+        asyncio.run(AsyncLLM.sleep(llm, 1))
+    finally:
+        hook_set.remove()
+    assert calls == [1]
+    spans = exporter.get_finished_spans()
+    (evict,) = [s for s in spans if s.name == semconv.SPAN_SWITCH]
+    (sleep,) = [s for s in spans if s.name == semconv.SPAN_SLEEP]
+    assert evict.attributes[semconv.ATTR_SWITCH_REASON] == semconv.SWITCH_REASON_SLEEP
+    assert evict.attributes[semconv.ATTR_STAGE] == semconv.STAGE_SWITCH
+    assert evict.attributes[semconv.ATTR_SLEEP_LEVEL] == 1
+    assert evict.parent is None  # its own trace, like the signal case
+    assert sleep.parent.span_id == evict.context.span_id  # no second switch span, a child
+    assert sleep.attributes[semconv.ATTR_STAGE] == semconv.STAGE_SWITCH_SLEEP
