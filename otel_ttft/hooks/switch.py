@@ -64,8 +64,9 @@ class _Eviction:
         gone_ns = clock.now_ns()
         self.span.set_attribute(semconv.ATTR_SWITCH_ENGINE_EXIT_S, time.monotonic() - start)
         # The API process still tears down (HTTP server, engine client): wait for its exit.
+        # (vLLM's API process may also reach its exit first: the engine's exit ends the span.)
         exited = self.exiting.wait(API_EXIT_WAIT_S)
-        self.end(len(alive), self.exit_ns if exited and self.exit_ns else gone_ns)
+        self.end(len(alive), max(gone_ns, self.exit_ns or 0) if exited else gone_ns)
 
     def end(self, left: int, end_ns: int | None = None) -> None:
         with self._end_lock:
