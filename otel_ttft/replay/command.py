@@ -177,11 +177,16 @@ def _main(args: argparse.Namespace) -> int:  # noqa: C901 - one check per option
     if tiny or (starts_servers and model_b is None):
         from otel_ttft import tiny_model
 
-        with progress.step("building the tiny models (cached after the first run)"):
-            model_a = model_a or str(tiny_model.ensure_tiny_model())
-            model_b = model_b or str(tiny_model.ensure_tiny_model_b())
-            if tiny and not adapters:
-                adapters = {k: str(v) for k, v in tiny_model.ensure_lora_adapters().items()}
+        try:
+            with progress.step("building the tiny models (cached after the first run)"):
+                model_a = model_a or str(tiny_model.ensure_tiny_model())
+                model_b = model_b or str(tiny_model.ensure_tiny_model_b())
+                if tiny and not adapters:
+                    adapters = {k: str(v) for k, v in tiny_model.ensure_lora_adapters().items()}
+        except Exception as exc:  # noqa: BLE001 - no transformers, unwritable cache, ...
+            print(f"otel-ttft replay: cannot build the tiny models: {type(exc).__name__}: "
+                  f"{str(exc).splitlines()[0] if str(exc) else ''}", file=sys.stderr)
+            return 1
     name_a = args.name_a or Path(model_a or "a").name
     name_b = args.name_b or Path(model_b or "b").name
     if name_a == name_b:
