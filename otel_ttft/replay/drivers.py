@@ -136,6 +136,7 @@ class RestartDriver(Driver):
         self.servers: dict[str, VllmServer] = {}
         self._starts = 0
         self._cold_dirs: list[tempfile.TemporaryDirectory] = []
+        self._cache_env: dict[str, dict[str, str]] = {}
 
     def switch_to(self, target: Target, *, cold: bool = False) -> str:
         with self._lock:
@@ -164,18 +165,21 @@ class RestartDriver(Driver):
             for tmp in self._cold_dirs:
                 tmp.cleanup()
             self._cold_dirs.clear()
+            self._cache_env.clear()
 
     def _start(self, target: Target, *, cold: bool) -> None:
         port = free_port()
         argv = expand(target.template, model=target.model, name=target.name, port=port,
                       host=HOST, python=self.python,
                       instrument=str(Path(self.python).parent / "opentelemetry-instrument"))
-        env = {**self.env, **target.env}
         if cold:  # an empty compile cache: nothing this model compiled before can be reused
             tmp = tempfile.TemporaryDirectory(prefix="otel-ttft-cold-")
             self._cold_dirs.append(tmp)
-            env.update({"VLLM_CACHE_ROOT": tmp.name,
-                        "TORCHINDUCTOR_CACHE_DIR": str(Path(tmp.name) / "inductor")})
+            # Later starts of this model keep this cache, as a deployment keeps its own.
+            self._cache_env[target.name] = {
+                "VLLM_CACHE_ROOT": tmp.name,
+                "TORCHINDUCTOR_CACHE_DIR": str(Path(tmp.name) / "inductor")}
+        env = {**self.env, **target.env, **self._cache_env.get(target.name, {})}
         self._starts += 1
         log = self.log_dir / f"vllm-{_safe(target.name)}-{self._starts}.log"
         server = VllmServer(target.model or target.name, port=port, env=env, log_path=log,
