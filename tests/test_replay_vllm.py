@@ -1,5 +1,8 @@
 """``otel-ttft replay`` end to end on real vLLM (CPU build, the two tiny models), restart driver:
-cold-switch, switch-back and short-prompt (three server starts), spans into a real receiver."""
+cold-switch, switch-back and short-prompt (three server starts), spans into a real receiver.
+
+The servers run from user-given templates (``--serve-a/-b``) with ``--enforce-eager``: the test is
+about the spans arriving and lining up; a cold torch.compile would only add a minute per start."""
 
 from __future__ import annotations
 
@@ -9,10 +12,12 @@ import pytest
 
 from otel_ttft import semconv, tiny_model
 from otel_ttft.replay.command import run_argv
+from otel_ttft.replay.drivers import DEFAULT_TEMPLATE
 
 pytestmark = pytest.mark.vllm
 
 SCENARIOS = ("cold-switch", "switch-back", "short-prompt")
+EAGER = DEFAULT_TEMPLATE + " --enforce-eager"
 
 
 def _named(spans, name):
@@ -21,7 +26,8 @@ def _named(spans, name):
 
 def test_replay_restart_driver_traces_the_switch_end_to_end(receiver, tmp_path):
     rc = run_argv(["--scenarios", ",".join(SCENARIOS), "--otlp-endpoint", receiver.http_endpoint,
-                   "--out", str(tmp_path / "logs"), "--max-tokens", "4"])
+                   "--out", str(tmp_path / "logs"), "--max-tokens", "4",
+                   "--serve-a", EAGER, "--serve-b", EAGER])
     assert rc == 0, f"replay failed; server logs in {tmp_path / 'logs'}"
     name_a, name_b = tiny_model.MODEL_NAME, tiny_model.MODEL_B_NAME
 
