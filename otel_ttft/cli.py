@@ -222,6 +222,10 @@ def _check(args: argparse.Namespace) -> int:
         return 2
     return run_check(current, baseline, thresholds,
                      allow_different_runs=args.allow_different_runs)
+def _replay(args: argparse.Namespace) -> int:
+    from otel_ttft.replay.command import main
+
+    return main(args)
 
 
 def _doctor(argv: Sequence[str]) -> int:
@@ -292,10 +296,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-different-runs", action="store_true",
                    help="compare even when client, sampling, concurrency or prompts differ")
     p.set_defaults(func=_check)
+
     p = sub.add_parser("export", help="write a store's spans as OTLP/JSON (file exporter format)")
     p.add_argument("path", help="store dir, telemetry.db, spans.jsonl or OTLP/JSON")
     p.add_argument("-o", "--output", required=True, help="file to write ('-' for stdout)")
     p.set_defaults(func=_export)
+
+    p = sub.add_parser("replay", help="replay the switch scenarios against real servers, traced")
+    from otel_ttft.replay.command import add_arguments as add_replay_arguments
+
+    add_replay_arguments(p)
+    p.set_defaults(func=_replay)
 
     sub.add_parser("doctor", add_help=False, help="which hooks are live for the installed vLLM")
     return parser

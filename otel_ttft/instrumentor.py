@@ -45,6 +45,9 @@ class VllmTTFTInstrumentor(BaseInstrumentor):
     def _uninstrument(self, **kwargs: Any) -> None:
         if self._hooks is not None:
             self._hooks.remove()
+            from otel_ttft.hooks.switch import remove_signal_chain
+
+            remove_signal_chain()
             self._hooks = None
 
 

@@ -235,30 +235,39 @@ DEFAULT_COLD_REQUESTS = 3
 # EngineCore -> API: our per-request counts ride on the first EngineCoreOutput's trace_headers
 ENGINE_PAYLOAD_HEADER = "x-otel-ttft"
 
-# --- issue 6: replay client spans (emitted by `otel-ttft replay`, read by `otel-ttft analyze`) ---
-# The replay client is traced like any caller: its request span is the root of the request's
-# trace, so analysis reads scenario and client TTFT from the same backend as the server spans.
-SPAN_SWITCH = "switch"  # outgoing server: stop signal / sleep request -> engine processes gone
+# --- issue 6: switch/replay ---
+# Eviction: the outgoing API server, from its stop signal (or a sleep request) until its engine
+# processes are gone (or asleep). Its own trace; analyze joins it to a request by time.
+SPAN_SWITCH = "vllm.switch"
 ATTR_SWITCH_REASON = "ttft.switch.reason"  # signal | sleep
-SPAN_REPLAY_RUN = "replay.run"
-SPAN_REPLAY_REQUEST = "replay.request"
+ATTR_SWITCH_SIGNAL = "ttft.switch.signal"  # SIGTERM | SIGINT
+ATTR_SWITCH_PROCESSES = "ttft.switch.processes"  # engine processes waited for
+ATTR_SWITCH_PROCESSES_LEFT = "ttft.switch.processes_left"  # still alive when the wait gave up
+ATTR_SWITCH_RELEASED_BYTES = "ttft.switch.released_bytes"  # their resident memory at the signal
+ATTR_SWITCH_ENGINE_EXIT_S = "ttft.switch.engine_exit_seconds"  # signal -> engine processes gone
+SWITCH_REASON_SIGNAL = "signal"
+SWITCH_REASON_SLEEP = "sleep"
+
+# The replay client (otel-ttft replay): its own service, its own traces.
+REPLAY_SERVICE_NAME = "otel-ttft-replay"
+SPAN_REPLAY_RUN = "replay.run"  # one per run; root of its own trace
+SPAN_REPLAY_REQUEST = "replay.request"  # CLIENT, root of the request's trace; parent of llm_request
 ATTR_REPLAY_RUN_ID = "ttft.replay.run_id"
 ATTR_REPLAY_DRIVER = "ttft.replay.driver"  # restart | sleep | resident | proxy
-ATTR_REPLAY_MODELS = "ttft.replay.models"
+ATTR_REPLAY_MODELS = "ttft.replay.models"  # served model names
 ATTR_REPLAY_CLIENT = "ttft.replay.client"
 ATTR_REPLAY_SAMPLING = "ttft.replay.sampling"  # JSON: temperature, max_tokens, seed
 ATTR_REPLAY_CONCURRENCY = "ttft.replay.concurrency"
-ATTR_REPLAY_PROMPTS = "ttft.replay.prompts"  # JSON: prompt name -> tokens, sha256 (never text)
+ATTR_REPLAY_PROMPTS = "ttft.replay.prompts"  # JSON: {"short": {"tokens", "sha256"}, ...}; no text
 ATTR_REPLAY_REPEAT = "ttft.replay.repeat"
 ATTR_REPLAY_SCENARIOS = "ttft.replay.scenarios"
 ATTR_REPLAY_SCENARIO = "ttft.replay.scenario"
 ATTR_REPLAY_REPEAT_INDEX = "ttft.replay.repeat_index"
 ATTR_REPLAY_PROMPT = "ttft.replay.prompt"  # short | long
-ATTR_REPLAY_SWITCH_FROM = "ttft.replay.switch_from"
+ATTR_REPLAY_SWITCH_FROM = "ttft.replay.switch_from"  # the model served before this request
 ATTR_REPLAY_ERROR = "ttft.replay.error"
 ATTR_CLIENT_TTFT = "ttft.client.time_to_first_token"  # s: request made -> first content chunk
-ATTR_CLIENT_REQUEST_SENT_NS = "ttft.client.request_sent_ns"  # epoch ns: HTTP request sent
-
+ATTR_CLIENT_REQUEST_SENT_NS = "ttft.client.request_sent_ns"  # epoch ns (one clock): HTTP sent
 # Replay scenarios (the article's five, plus multi-adapter servers), in replay order.
 SCENARIO_COLD_SWITCH = "cold-switch"
 SCENARIO_SWITCH_BACK = "switch-back"
@@ -268,3 +277,4 @@ SCENARIO_LONG_PROMPT = "long-prompt"
 SCENARIO_ADAPTER_SWITCH = "adapter-switch"
 SCENARIOS = (SCENARIO_COLD_SWITCH, SCENARIO_SWITCH_BACK, SCENARIO_RESIDENT_DUAL,
              SCENARIO_SHORT_PROMPT, SCENARIO_LONG_PROMPT, SCENARIO_ADAPTER_SWITCH)
+DRIVERS = ("restart", "sleep", "resident", "proxy")

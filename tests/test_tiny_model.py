@@ -100,3 +100,36 @@ def test_incomplete_directory_is_replaced(tmp_path: Path) -> None:
     assert model_dir == stale
     assert (model_dir / tiny_model.MARKER).is_file()
     assert json.loads((model_dir / "config.json").read_text())["model_type"] == "llama"
+
+
+def test_model_b_differs_in_architecture_kv_layout_and_tokenizer(built) -> None:
+    cache, model_a = built
+    model_b = tiny_model.ensure_tiny_model_b(cache)
+    assert model_b == cache / tiny_model.MODEL_B_NAME and (model_b / tiny_model.MARKER).is_file()
+    a = json.loads((model_a / "config.json").read_text())
+    b = json.loads((model_b / "config.json").read_text())
+    assert b["architectures"] == ["Qwen2ForCausalLM"] != a["architectures"]
+    assert (b["num_hidden_layers"], b["num_key_value_heads"]) != (
+        a["num_hidden_layers"], a["num_key_value_heads"])
+    assert len(tiny_model.checkpoint_files(model_b)) > len(tiny_model.checkpoint_files(model_a))
+    assert (model_b / "tokenizer.json").read_bytes() != (model_a / "tokenizer.json").read_bytes()
+
+
+def test_lora_adapters_are_peft_files_for_model_a(built) -> None:
+    from safetensors import safe_open
+
+    cache, model_a = built
+    adapters = tiny_model.ensure_lora_adapters(cache)
+    assert list(adapters) == list(tiny_model.LORA_ADAPTERS)
+    hidden = json.loads((model_a / "config.json").read_text())["hidden_size"]
+    weights = []
+    for path in adapters.values():
+        config = json.loads((path / "adapter_config.json").read_text())
+        assert config["peft_type"] == "LORA" and config["r"] == tiny_model.LORA_RANK
+        with safe_open(str(path / "adapter_model.safetensors"), "pt") as f:
+            keys = sorted(f.keys())
+            assert keys and all(k.startswith("base_model.model.model.layers.") for k in keys)
+            a = f.get_tensor(next(k for k in keys if k.endswith("lora_A.weight")))
+            assert tuple(a.shape) == (tiny_model.LORA_RANK, hidden)
+            weights.append(a)
+    assert not (weights[0] == weights[1]).all()  # two different adapters

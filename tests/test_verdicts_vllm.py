@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
-from otel_ttft.replay.client import ChatClient, Sampling, make_tracer_provider
-from otel_ttft.replay.prompts import build_prompts, tokenizer_counter
 
 from otel_ttft import cli, semconv
+from otel_ttft.replay.client import ChatClient, Sampling, make_tracer_provider
+from otel_ttft.replay.prompts import build_prompts, tokenizer_counter
 from otel_ttft.replay.server import VllmServer
 from tests.export_env import EXPORT_ENV
 

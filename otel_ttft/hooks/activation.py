@@ -320,7 +320,9 @@ def _tags(args, kwargs) -> list[str]:
 def _wrap_engine_sleep(call, instance, args, kwargs):
     """Sleep may finish later (EngineCore drains in-flight requests first): end the span then."""
     level = args[0] if args else kwargs.get("level", 1)
-    span = spans.tracer().start_span(semconv.SPAN_SLEEP, start_time=clock.now_ns())
+    # Under the API process's vllm.switch when it offered one (hooks/switch.py).
+    span = spans.tracer().start_span(semconv.SPAN_SLEEP, context=handoff.taken("sleep"),
+                                     start_time=clock.now_ns())
     spans.tag_span(span, semconv.STAGE_SWITCH_SLEEP, {semconv.ATTR_SLEEP_LEVEL: int(level)})
     token = otel_context.attach(trace.set_span_in_context(span))
     try:

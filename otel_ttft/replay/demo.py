@@ -1,44 +1,31 @@
 """``otel-ttft demo``: the whole loop on one machine, for someone who has never used the tool.
 
-Build the tiny model, start the embedded OTLP receiver, run a real vLLM server under
-``opentelemetry-instrument`` pointed at it, send two chat completions, stop the server, and print
-the activation tree. Whatever happens, the collected telemetry stays on disk and we say where.
+Build the two tiny models (and two LoRA adapters), start the embedded OTLP receiver, replay the six
+scenarios through the restart driver against real vLLM servers under ``opentelemetry-instrument``,
+then analyze what arrived. Whatever happens, the collected telemetry stays on disk and we say where.
+
+Server starts are the cost here (about a minute each on 2 cores), so the scenario order reuses
+them: A (with LoRA enabled) -> B cold -> A again -> B beside A -> A alone for the prompts and
+adapters: four starts in all.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import time
-import urllib.request
-from collections import Counter
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import TextIO
 
-from otel_ttft.analysis.traces import build_trees, find_activation_roots, find_request_spans
-from otel_ttft.analysis.tree import format_duration, render_tree
-from otel_ttft.replay.server import ServerStartError, VllmServer
 from otel_ttft.sink.receiver import OTLPReceiver
 from otel_ttft.sink.store import STORE_FILES, SpanStore
 
 DEFAULT_OUT = Path("out/demo")
-LOG_FILE = "vllm-server.log"
-PROMPTS = ("Say hello in five words.", "Name three colors.")
-REQUEST_TIMEOUT_S = 60
+ANALYSIS_FILE = "analysis.json"
+REPORT_FILE = "report.html"
 # Signal-specific variables from the user's shell would override ours and send data elsewhere.
 _UNSET = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
           "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL")
-
-
-@dataclass
-class RequestResult:
-    prompt: str
-    ttft_s: float | None = None
-    total_s: float | None = None
-    text: str = ""
-    error: str | None = None
 
 
 def telemetry_env(endpoint: str) -> dict[str, str | None]:
@@ -54,42 +41,6 @@ def telemetry_env(endpoint: str) -> dict[str, str | None]:
         "OTEL_LOGS_EXPORTER": "none",
     })
     return env
-
-
-def chat(base_url: str, model: str, prompt: str, max_tokens: int = 16) -> RequestResult:
-    """One streamed chat completion; client-observed TTFT is the first content chunk."""
-    result = RequestResult(prompt)
-    body = json.dumps({
-        "model": model, "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens, "stream": True, "temperature": 0,
-    }).encode()
-    req = urllib.request.Request(f"{base_url}/v1/chat/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
-    start = time.monotonic()
-    try:
-        with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as resp:
-            for raw in resp:
-                line = raw.decode(errors="replace").strip()
-                if not line.startswith("data:") or line == "data: [DONE]":
-                    continue
-                choices = json.loads(line[5:]).get("choices") or [{}]
-                delta = choices[0].get("delta", {}).get("content")
-                if delta:
-                    if result.ttft_s is None:
-                        result.ttft_s = time.monotonic() - start
-                    result.text += delta
-    except (OSError, ValueError) as exc:
-        result.error = f"{type(exc).__name__}: {exc}"
-    result.total_s = time.monotonic() - start
-    return result
-
-
-def _served_model(base_url: str, fallback: str) -> str:
-    try:
-        with urllib.request.urlopen(f"{base_url}/v1/models", timeout=10) as resp:
-            return json.load(resp)["data"][0]["id"]
-    except (OSError, ValueError, KeyError, IndexError):
-        return fallback
 
 
 def _wait_quiet(store: SpanStore, quiet_s: float = 1.5, max_s: float = 15.0) -> list[dict]:
@@ -113,107 +64,76 @@ def _installed() -> bool:
         return False
 
 
-def _clear(out: Path, out_stream: TextIO) -> None:
-    old = [out / n for n in (*STORE_FILES, LOG_FILE) if (out / n).exists()]
+def _clear(out: Path, say) -> None:
+    old = [p for p in (*(out / n for n in STORE_FILES), out / ANALYSIS_FILE, out / REPORT_FILE,
+                       *out.glob("vllm-*.log")) if p.exists()]
     if old:
-        print(f"replacing the previous demo data in {out}", file=out_stream)
+        say(f"replacing the previous demo data in {out}")
         for path in old:
             path.unlink()
 
 
-def print_trees(spans: list[dict], out: TextIO) -> int:
-    """Activation trees if any; else every multi-span tree and a count of lone spans."""
-    activations = find_activation_roots(spans)
-    if activations:
-        for root in activations + find_request_spans(spans):
-            print(render_tree(root), file=out, end="\n\n")
-        return len(activations)
-    print("no 'vllm.activation' span arrived (is the otel-ttft instrumentation active?);"
-          " showing the trees that did:", file=out)
-    roots = [r for rs in build_trees(spans).values() for r in rs]
-    lone = Counter(r.name for r in roots if not r.children)
-    for root in sorted((r for r in roots if r.children), key=lambda r: r.start_ns):
-        print(render_tree(root), file=out, end="\n\n")
-    if lone:
-        print("single spans: " + ", ".join(f"{n} x{c}" for n, c in lone.most_common()), file=out)
-    return 0
+def _analyze_and_report(out_dir: Path, say) -> int:
+    """The main job on what the replay stored: the breakdown and verdicts, then the HTML page."""
+    from otel_ttft import cli
+
+    say("")
+    rc = cli.main(["analyze", str(out_dir), "--json", str(out_dir / ANALYSIS_FILE)])
+    if rc == 0:
+        rc = cli.main(["report", str(out_dir / ANALYSIS_FILE), "-o", str(out_dir / REPORT_FILE)])
+    return rc
 
 
 def run_demo(out_dir: str | Path = DEFAULT_OUT, *, keep_going: bool = False,
-             stream: TextIO | None = None, start_timeout_s: float = 300) -> int:
-    """The demo; returns the process exit code. ``keep_going``: a failed request does not end
-    the demo early nor fail it, as long as the server came up and telemetry arrived."""
+             stream: TextIO | None = None, start_timeout_s: float = 600,
+             scenarios: str | None = None) -> int:
+    """The demo; returns the process exit code. ``keep_going``: a failed request does not fail
+    the demo, as long as the servers came up and telemetry arrived."""
     out = stream or sys.stdout
     say = lambda *a: print(*a, file=out, flush=True)  # noqa: E731
+    began = time.monotonic()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    _clear(out_dir, out)
+    _clear(out_dir, say)
     if not _installed():
         say("warning: otel-ttft is not installed in this environment (`pip install -e .`), "
             "so opentelemetry-instrument cannot load it; expect vLLM's own spans only")
 
-    from otel_ttft.tiny_model import ensure_tiny_model  # heavy imports; only the demo needs them
+    from otel_ttft import tiny_model  # heavy imports; only the demo needs them
+    from otel_ttft.replay.command import run_argv
 
-    say("building the tiny model (cached after the first run) ...")
+    say("building the two tiny models and two LoRA adapters (cached after the first run) ...")
     try:
-        model_dir = ensure_tiny_model()
+        tiny_model.ensure_tiny_model()
+        tiny_model.ensure_tiny_model_b()
+        tiny_model.ensure_lora_adapters()
     except Exception as exc:  # missing transformers/tokenizers, unwritable cache, ...
-        say(f"error: could not build the tiny model: {type(exc).__name__}: {exc}")
+        say(f"error: could not build the tiny models: {type(exc).__name__}: {exc}")
         return 1
     store = SpanStore(out_dir)
-    start_error: str | None = None
     with OTLPReceiver(store, grpc_port=None) as receiver:
         say(f"OTLP receiver on {receiver.http_endpoint}, storing into {out_dir}")
-        server = VllmServer(model_dir, instrument=True, log_path=out_dir / LOG_FILE,
-                            env=telemetry_env(receiver.http_endpoint))
-        say(f"starting vLLM on {server.url} (about a minute on a CPU; log: {server.log_path})")
-        started = time.monotonic()
+        argv = ["--driver", "restart", "--out", str(out_dir), "--otlp-endpoint",
+                receiver.http_endpoint, "--start-timeout", str(start_timeout_s)]
+        if scenarios:
+            argv += ["--scenarios", scenarios]
         try:
-            server.start(timeout_s=start_timeout_s)
-        except ServerStartError as exc:
-            say(f"error: {exc}")
-            start_error = "the vLLM server did not become healthy (see the log lines above)"
+            rc = run_argv(argv)
         except KeyboardInterrupt:
-            start_error = "interrupted while the server was starting"
-        failed = start_error is not None
-        if not failed:
-            say(f"server healthy after {time.monotonic() - started:.1f} s")
-            try:
-                failed = not _send_requests(server.url, str(model_dir), keep_going, say)
-            finally:
-                say("stopping the server (its processes flush telemetry as they exit) ...")
-                server.stop()
+            say("interrupted")
+            rc = 1
+        say("waiting for the last spans (servers flush as they exit) ...")
         spans = _wait_quiet(store)
-    say("")
-    if spans:
-        print_trees(spans, out)
     points = len(store.metric_points())
     say(f"data: {store.spans_path} ({len(spans)} spans), {store.metrics_path} ({points} metric "
-        f"points), server log {out_dir / LOG_FILE}")
-    say(f"render again with: otel-ttft tree {out_dir}")
-    if start_error:
-        say(f"error: {start_error}; what was collected is kept in {out_dir}")
-        return 1
+        f"points), server logs {out_dir}/vllm-*.log")
     if not spans:
-        say("error: no spans arrived; see the server log for exporter errors")
+        say("error: no spans arrived; see the server logs for exporter errors")
         return 1
-    if failed:
-        say("error: a request failed (see above); --keep-going sends the rest anyway")
-        return 1
-    return 0
-
-
-def _send_requests(url: str, model_dir: str, keep_going: bool, say) -> bool:
-    model = _served_model(url, model_dir)
-    ok = True
-    for i, prompt in enumerate(PROMPTS, 1):
-        r = chat(url, model, prompt)
-        if r.error:
-            say(f"request {i}: failed after {format_duration(r.total_s or 0)}: {r.error}")
-            ok = False
-            if not keep_going:
-                return False
-            continue
-        ttft = format_duration(r.ttft_s) if r.ttft_s is not None else "no tokens"
-        say(f"request {i}: client TTFT {ttft}, total {format_duration(r.total_s or 0)}")
-    return ok or keep_going
+    if rc != 0 and not keep_going:
+        say(f"error: the replay failed (exit {rc}); what was collected is kept in {out_dir}")
+        return rc
+    rc = _analyze_and_report(out_dir, say)
+    say(f"render traces again with: otel-ttft tree {out_dir}")
+    say(f"demo took {time.monotonic() - began:.0f} s")
+    return rc

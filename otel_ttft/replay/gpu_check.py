@@ -1,9 +1,11 @@
 """The GPU-only paths, checked on a real NVIDIA GPU: CUDA graph capture, host-to-device copies,
-sleep and wake-up. No GPU here means nothing to check: exit 2 with a message.
+sleep and wake-up, and a two-model replay through the sleep driver. No GPU here means nothing to
+check: exit 2 with a message.
 
-Starts a real vLLM (official build) on the tiny local model under ``opentelemetry-instrument``
-with sleep mode on, sends a request, sleeps and wakes the engine, sends another, and asserts on the
-spans the embedded receiver got. Run: ``scripts/gpu-check`` (after ``scripts/setup``).
+Part 1 starts a real vLLM (official build) on the tiny model under ``opentelemetry-instrument``
+with sleep mode on, sends a request, sleeps and wakes the engine, sends another. Part 2 runs
+``otel-ttft replay --driver sleep`` over both tiny models (cold-switch, switch-back, short-prompt).
+Both assert on the spans the embedded receiver got. Run: ``scripts/gpu-check`` (after setup).
 """
 
 from __future__ import annotations
@@ -76,6 +78,53 @@ def check(spans: list[dict]) -> list[str]:
     return problems
 
 
+REPLAY_SCENARIOS = ("cold-switch", "switch-back", "short-prompt")
+
+
+def check_sleep_replay(spans: list[dict]) -> list[str]:
+    """Problems in the sleep-driver replay's spans; empty when the switch was traced end to end."""
+    problems = []
+    named: dict[str, list[dict]] = {}
+    for span in spans:
+        named.setdefault(span["name"], []).append(span)
+    requests = named.get(semconv.SPAN_REPLAY_REQUEST, [])
+    if sorted(r["attributes"].get(semconv.ATTR_REPLAY_SCENARIO) for r in requests) != \
+            sorted(REPLAY_SCENARIOS):
+        problems.append(f"replay: expected one replay.request per scenario, got {len(requests)}")
+    parents = {s["parent_span_id"] for s in named.get(semconv.SPAN_REQUEST, [])}
+    if any(r["span_id"] not in parents for r in requests):
+        problems.append("replay: a replay.request has no llm_request child (traceparent lost)")
+    if any(r["attributes"].get(semconv.ATTR_REPLAY_ERROR) for r in requests):
+        problems.append("replay: a request failed")
+    sleeps = [s for s in named.get(semconv.SPAN_SWITCH, [])
+              if s["attributes"].get(semconv.ATTR_SWITCH_REASON) == semconv.SWITCH_REASON_SLEEP]
+    if len(sleeps) < 2:
+        problems.append(f"replay: expected >= 2 vllm.switch spans for sleep, got {len(sleeps)}")
+    sleep_ids = {s["span_id"] for s in sleeps}
+    if not any(s["parent_span_id"] in sleep_ids for s in named.get(semconv.SPAN_SLEEP, [])):
+        problems.append("replay: EngineCore's Sleep is not under the API's vllm.switch")
+    wakes = [r for r in find_activation_roots(spans)
+             if r.attributes.get(semconv.ATTR_ACTIVATION_KIND) == "wake"]
+    if len(wakes) < 2:
+        problems.append(f"replay: expected >= 2 wake activations, got {len(wakes)}")
+    return problems
+
+
+def replay_with_sleep_driver(out: Path, timeout: float) -> list[str]:
+    """Part 2: both tiny models under the sleep driver, into a receiver of its own."""
+    from otel_ttft.replay.command import run_argv
+
+    store = SpanStore(out)
+    with OTLPReceiver(store) as receiver:
+        rc = run_argv(["--driver", "sleep", "--scenarios", ",".join(REPLAY_SCENARIOS),
+                       "--otlp-endpoint", receiver.http_endpoint, "--out", str(out),
+                       "--start-timeout", str(timeout)])
+        with contextlib.suppress(TimeoutError):
+            receiver.wait_for_spans(lambda s: not check_sleep_replay(s), timeout=30)
+    problems = [] if rc == 0 else [f"replay: otel-ttft replay --driver sleep exited {rc}"]
+    return problems + check_sleep_replay(store.spans())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpu-check", description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("out/gpu-check"))
@@ -108,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         for root in roots:
             if root.name == semconv.SPAN_ACTIVATION:
                 print(render_tree(root))
-    problems = check(spans)
+    problems = check(spans) + replay_with_sleep_driver(args.out / "replay", args.timeout)
     for problem in problems:
         print(f"gpu-check: FAIL {problem}", file=sys.stderr)
     print(f"gpu-check: {'FAILED' if problems else 'passed'}; data in {args.out}")

@@ -63,6 +63,8 @@ class VllmServer:
         instrument: bool = True,
         log_path: str | os.PathLike[str] | None = None,
         python: str = sys.executable,
+        argv: Sequence[str] | None = None,
+        poll_s: float = 0.5,
     ) -> None:
         if host != HOST:
             raise ValueError(f"VllmServer binds {HOST} only, not {host!r}")
@@ -73,6 +75,8 @@ class VllmServer:
         self.env = dict(env or {})
         self.instrument = instrument
         self.python = python
+        self.argv = list(argv) if argv is not None else None  # a user's command, as is
+        self.poll_s = poll_s  # health polling interval: it bounds the readiness gap we add
         self._log_path = Path(log_path) if log_path else None
         self._proc: subprocess.Popen | None = None
         self._log_file = None
@@ -90,7 +94,9 @@ class VllmServer:
         return self._proc.pid if self._proc else None
 
     def command(self) -> list[str]:
-        """The argv that ``start`` runs."""
+        """The argv that ``start`` runs (``argv`` when given: a command template's expansion)."""
+        if self.argv is not None:
+            return list(self.argv)
         cmd = [self.python, "-m", "vllm.entrypoints.openai.api_server",
                "--model", str(self.model_dir), "--host", self.host, "--port", str(self.port),
                *DEFAULT_ARGS, *self.extra_args]
@@ -116,10 +122,17 @@ class VllmServer:
             self._log_path = Path(name)
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_file = open(self._log_path, "ab")  # noqa: SIM115 - lives as long as the server
-        self._proc = subprocess.Popen(
-            self.command(), stdin=subprocess.DEVNULL, stdout=self._log_file,
-            stderr=subprocess.STDOUT, env=self.environment(), start_new_session=True,
-        )
+        argv = self.command()
+        try:
+            self._proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=self._log_file,
+                stderr=subprocess.STDOUT, env=self.environment(), start_new_session=True,
+            )
+        except OSError as exc:  # no such program, not executable
+            self._log_file.close()
+            self._log_file = None
+            raise ServerStartError(f"cannot run {argv[0]!r}: {exc.strerror or exc} "
+                                   f"(log: {self._log_path})") from exc
         try:
             self._wait_healthy(timeout_s)
         except BaseException:
@@ -137,7 +150,7 @@ class VllmServer:
                 return
             if time.monotonic() >= deadline:
                 self._fail(f"vLLM server not healthy after {timeout_s:g} s")
-            time.sleep(0.5)
+            time.sleep(self.poll_s)
 
     def _fail(self, reason: str) -> None:
         raise ServerStartError(
@@ -151,8 +164,11 @@ class VllmServer:
         except (urllib.error.URLError, OSError, ValueError):
             return False
 
-    def stop(self, timeout_s: float = 30) -> int | None:
-        """SIGINT to the process group, wait, then SIGKILL; returns the exit code."""
+    def stop(self, timeout_s: float = 30, *, sig: int = signal.SIGINT,
+             group: bool = True) -> int | None:
+        """``sig`` to the process group (or, ``group=False``, to the API server only, as a swapper
+        such as llama-swap does: vLLM then stops its own children), wait, then SIGKILL the group;
+        returns the exit code."""
         proc, self._proc = self._proc, None
         if proc is None:
             return None
@@ -160,7 +176,11 @@ class VllmServer:
             pgid = os.getpgid(proc.pid)
         except ProcessLookupError:
             pgid = proc.pid  # leader gone; start_new_session made its pid the group id
-        _signal_group(pgid, signal.SIGINT)
+        if group:
+            _signal_group(pgid, sig)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(sig)
         try:
             proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
