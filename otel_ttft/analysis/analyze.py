@@ -95,7 +95,7 @@ def request_record(request: RequestSummary, collected: Collected) -> dict:
     substages: dict[str, float] = {}
     for start, end, stage in segments:
         seconds = (end - start) / _NS
-        family = semconv.stage_family(stage)
+        family = stage.partition(".")[0]
         stages[family] = stages.get(family, 0.0) + seconds
         substages[stage] = substages.get(stage, 0.0) + seconds
     hits = [h for h in (activation.compile_cache_hit if activation else None,
@@ -119,7 +119,7 @@ def request_record(request: RequestSummary, collected: Collected) -> dict:
         },
         "activation_trace_id": activation.trace_id if activation else None,
         "waiting_at_arrival": request.waiting_at_arrival,
-        "segments": [{"stage": semconv.stage_family(stage), "substage": stage,
+        "segments": [{"stage": stage.partition(".")[0], "substage": stage,
                       "start_s": round((start - request.start_ns) / _NS, 6),
                       "duration_s": round((end - start) / _NS, 6)}
                      for start, end, stage in segments],

@@ -130,8 +130,8 @@ def _collect_tree(root: SpanNode, out: Collected) -> None:
                 c.name == semconv.SPAN_REQUEST for c in node.walk()):
             out.requests.append(_unanswered(node))
         stage = node.stage
-        if stage and semconv.stage_family(stage) == semconv.STAGE_SWITCH and not _has_switch_above(
-                node):
+        if stage is not None and stage.startswith(semconv.STAGE_SWITCH) and \
+                not _has_switch_above(node):
             out.switches.append(SwitchSummary(node.start_ns, node.end_ns, stage,
                                               _str(node.attributes.get(semconv.GEN_AI_REQUEST_MODEL))))
 
@@ -139,7 +139,7 @@ def _collect_tree(root: SpanNode, out: Collected) -> None:
 def _has_switch_above(node: SpanNode) -> bool:
     parent = node.parent
     while parent is not None:
-        if parent.stage and semconv.stage_family(parent.stage) == semconv.STAGE_SWITCH:
+        if parent.stage is not None and parent.stage.startswith(semconv.STAGE_SWITCH):
             return True
         parent = parent.parent
     return False
