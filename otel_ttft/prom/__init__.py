@@ -1,0 +1,1 @@
+"""OTLP metric points from the embedded store, as the Collector's ``prometheus`` exporter shows them."""

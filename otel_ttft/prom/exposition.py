@@ -1,0 +1,201 @@
+"""The embedded store's metric points as Prometheus metric families, built on ``prometheus_client``.
+
+Two uses: a scrape endpoint (``otel-ttft prometheus --dir DIR``) that shows the latest value of each
+series as the Collector's ``prometheus`` exporter would (so a home-server Prometheus needs no
+Collector), and an OpenMetrics file of every point with its timestamp, for
+``promtool tsdb create-blocks-from openmetrics`` (backfill a recorded run).
+
+Points are read only through ``SpanStore.metric_points()``. Cumulative points replace each other;
+delta points are added up, as the exporter does. A series not updated for ``expire_s`` is dropped
+(the exporter's ``metric_expiration``; our Collector config uses 30 min).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    Exemplar,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
+from prometheus_client.registry import Collector
+
+from otel_ttft.prom import naming
+
+DEFAULT_EXPIRE_S = 30 * 60
+
+
+@dataclass
+class _Series:
+    name: str  # Prometheus base name
+    mtype: str
+    help: str
+    labels: dict[str, str]
+    points: list[dict] = field(default_factory=list)
+
+
+def _key(point: dict) -> tuple:
+    return (point.get("name"), point.get("type"), _frozen(point.get("attributes")),
+            _frozen(point.get("resource")), point.get("scope"))
+
+
+def _frozen(d: Any) -> tuple:
+    return tuple(sorted((str(k), repr(v)) for k, v in (d or {}).items()))
+
+
+def _accumulate(prev: dict | None, point: dict) -> dict:
+    """Delta points add up into one cumulative point; cumulative points replace."""
+    if prev is None or point.get("temporality") != "DELTA":
+        return point
+    out = dict(point)
+    if "value" in point:
+        out["value"] = (prev.get("value") or 0) + (point.get("value") or 0)
+    if point.get("type") == "histogram" and prev.get("explicit_bounds") == point.get(
+            "explicit_bounds"):
+        out["count"] = prev.get("count", 0) + point.get("count", 0)
+        out["sum"] = (prev.get("sum") or 0) + (point.get("sum") or 0)
+        out["bucket_counts"] = [a + b for a, b in zip(prev["bucket_counts"],
+                                                      point["bucket_counts"])]
+    return out
+
+
+def series(points: Iterable[dict], *, history: bool = False) -> list[_Series]:
+    """Group points into Prometheus series. ``history``: keep every point (time order), else
+    the latest (accumulated) one."""
+    by_key: dict[tuple, _Series] = {}
+    for point in sorted(points, key=lambda p: p.get("time_ns") or 0):
+        if point.get("type") == "exponential_histogram":
+            continue  # the exporter converts these to native histograms; we emit none
+        try:
+            mtype = naming.metric_type(point)
+            name = naming.metric_name(str(point.get("name", "")), str(point.get("unit") or ""),
+                                      mtype)
+        except ValueError:
+            continue
+        key = _key(point)
+        entry = by_key.get(key)
+        if entry is None:
+            entry = by_key[key] = _Series(
+                name, mtype, str(point.get("description") or ""),
+                naming.labels(point.get("attributes") or {}, point.get("resource") or {},
+                              str(point.get("scope") or "")))
+        prev = entry.points[-1] if entry.points else None
+        merged = _accumulate(prev, point)
+        if history or not entry.points:
+            entry.points.append(merged)
+        else:
+            entry.points[-1] = merged
+    return list(by_key.values())
+
+
+def _bound(value: float) -> str:
+    """``le`` as the Collector writes it (Go's FormatFloat 'f', -1): ``1``, ``0.005``, ``+Inf``;
+    Prometheus 2.x keeps ``le`` verbatim, so ``1.0`` would be another series."""
+    if value == float("inf"):
+        return "+Inf"
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def _exemplar_by_bucket(point: dict, bounds: list[float]) -> dict[int, Exemplar]:
+    out: dict[int, Exemplar] = {}
+    for ex in point.get("exemplars") or []:
+        value = ex.get("value")
+        if value is None or not ex.get("trace_id"):
+            continue
+        index = next((i for i, b in enumerate(bounds) if value <= b), len(bounds))
+        lbls = {"trace_id": ex["trace_id"]}
+        if ex.get("span_id"):
+            lbls["span_id"] = ex["span_id"]
+        out[index] = Exemplar(lbls, float(value))
+    return out
+
+
+def _ts(point: dict, with_timestamps: bool) -> float | None:
+    return point["time_ns"] / 1e9 if with_timestamps and point.get("time_ns") else None
+
+
+def families(all_series: Iterable[_Series], *, with_timestamps: bool = False,
+             shift_s: float = 0.0) -> Iterator[Metric]:
+    """One metric family per Prometheus name (label names may differ between series)."""
+    grouped: dict[tuple[str, str], list[_Series]] = {}
+    for s in all_series:
+        grouped.setdefault((s.name, s.mtype), []).append(s)
+    for (name, mtype), members in sorted(grouped.items()):
+        doc = next((m.help for m in members if m.help), "")
+        if mtype == naming.HISTOGRAM:
+            fam: Metric = HistogramMetricFamily(name, doc, labels=[])
+        elif mtype == naming.COUNTER:
+            fam = CounterMetricFamily(name, doc, labels=[])
+        elif mtype == naming.SUMMARY:
+            fam = SummaryMetricFamily(name, doc, labels=[])
+        else:
+            fam = GaugeMetricFamily(name, doc, labels=[])
+        for s in members:
+            keys, values = list(s.labels), list(s.labels.values())
+            fam._labelnames = tuple(keys)  # noqa: SLF001 - label names differ per series
+            for point in s.points:
+                ts = _ts(point, with_timestamps)
+                if ts is not None:
+                    ts += shift_s
+                _add(fam, mtype, values, point, ts)
+        yield fam
+
+
+def _add(fam: Metric, mtype: str, values: list[str], point: dict, ts: float | None) -> None:
+    if mtype == naming.HISTOGRAM:
+        bounds = [float(b) for b in point.get("explicit_bounds") or []]
+        counts = list(point.get("bucket_counts") or [])
+        exemplars = _exemplar_by_bucket(point, bounds)
+        cumulative, buckets = 0, []
+        for i, bound in enumerate([*bounds, float("inf")]):
+            cumulative += counts[i] if i < len(counts) else 0
+            if bound == float("inf"):
+                cumulative = point.get("count", cumulative)
+            ex = exemplars.get(i)
+            buckets.append((_bound(bound), cumulative, ex) if ex else (_bound(bound), cumulative))
+        sum_value = point.get("sum")
+        fam.add_metric(values, buckets, sum_value if sum_value is not None else 0.0, timestamp=ts)
+    elif mtype == naming.SUMMARY:
+        fam.add_metric(values, point.get("count", 0), point.get("sum") or 0.0, timestamp=ts)
+    else:
+        value = point.get("value")
+        if value is not None:
+            fam.add_metric(values, float(value), timestamp=ts)
+
+
+class StoreCollector(Collector):
+    """A ``prometheus_client`` collector over a ``SpanStore``: read at every scrape."""
+
+    def __init__(self, store: Any, expire_s: float | None = DEFAULT_EXPIRE_S) -> None:
+        self.store = store
+        self.expire_s = expire_s
+
+    def collect(self) -> Iterator[Metric]:
+        now_ns = time.time_ns()
+        live = [s for s in series(self.store.metric_points())
+                if self.expire_s is None
+                or now_ns - (s.points[-1].get("time_ns") or 0) <= self.expire_s * 1e9]
+        yield from families(live)
+
+
+def openmetrics_history(points: Iterable[dict], shift_s: float = 0.0) -> bytes:
+    """Every point with its own timestamp (+ ``shift_s``), as OpenMetrics text for
+    ``promtool tsdb create-blocks-from openmetrics``."""
+    from prometheus_client.openmetrics.exposition import generate_latest
+    from prometheus_client.registry import CollectorRegistry
+
+    class _Once(Collector):
+        def collect(self) -> Iterator[Metric]:
+            yield from families(series(points, history=True), with_timestamps=True,
+                                shift_s=shift_s)
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Once())
+    return generate_latest(registry)
