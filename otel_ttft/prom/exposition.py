@@ -19,6 +19,7 @@ from typing import Any
 
 from prometheus_client.core import (
     CounterMetricFamily,
+    InfoMetricFamily,
     Exemplar,
     GaugeMetricFamily,
     HistogramMetricFamily,
@@ -170,6 +171,35 @@ def _add(fam: Metric, mtype: str, values: list[str], point: dict, ts: float | No
             fam.add_metric(values, float(value), timestamp=ts)
 
 
+_IDENTIFYING = ("service.name", "service.namespace", "service.instance.id")
+
+
+def target_info(points: Iterable[dict], *, with_timestamps: bool = False,
+                shift_s: float = 0.0) -> Metric | None:
+    """``target_info``: one sample per resource, its non-identifying attributes as labels plus
+    ``job``/``instance`` (the exporter's default, also with resource_to_telemetry_conversion)."""
+    fam = InfoMetricFamily("target", "Target metadata", labels=[])
+    seen: dict[tuple, tuple[dict, float | None]] = {}
+    for point in sorted(points, key=lambda p: p.get("time_ns") or 0):
+        resource = point.get("resource") or {}
+        extra = {k: v for k, v in resource.items() if k not in _IDENTIFYING}
+        lbls = naming.labels({}, resource, "", resource_to_telemetry=False)
+        for key in ("otel_scope_name", "otel_scope_version", "otel_scope_schema_url"):
+            lbls.pop(key)
+        for key in sorted(extra):
+            lbls[naming.label_name(key)] = naming.label_value(extra[key])
+        ts = _ts(point, with_timestamps)
+        ts = None if ts is None else ts + shift_s
+        # History: one sample per export of each resource; live: the resource once.
+        seen[(_frozen(lbls), ts)] = (lbls, ts)
+    if not seen:
+        return None
+    for lbls, ts in sorted(seen.values(), key=lambda v: (_frozen(v[0]), v[1] or 0)):
+        fam._labelnames = tuple(lbls)  # noqa: SLF001 - label names differ per resource
+        fam.add_metric(list(lbls.values()), {}, timestamp=ts)
+    return fam
+
+
 class StoreCollector(Collector):
     """A ``prometheus_client`` collector over a ``SpanStore``: read at every scrape."""
 
@@ -179,20 +209,27 @@ class StoreCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         now_ns = time.time_ns()
-        live = [s for s in series(self.store.metric_points())
-                if self.expire_s is None
-                or now_ns - (s.points[-1].get("time_ns") or 0) <= self.expire_s * 1e9]
-        yield from families(live)
+        points = [p for p in self.store.metric_points()
+                  if self.expire_s is None or now_ns - (p.get("time_ns") or 0)
+                  <= self.expire_s * 1e9]
+        info = target_info(points)
+        if info is not None:
+            yield info
+        yield from families(series(points))
 
 
 def openmetrics_history(points: Iterable[dict], shift_s: float = 0.0) -> bytes:
     """Every point with its own timestamp (+ ``shift_s``), as OpenMetrics text for
     ``promtool tsdb create-blocks-from openmetrics``."""
+    points = list(points)
     from prometheus_client.openmetrics.exposition import generate_latest
     from prometheus_client.registry import CollectorRegistry
 
     class _Once(Collector):
         def collect(self) -> Iterator[Metric]:
+            info = target_info(points, with_timestamps=True, shift_s=shift_s)
+            if info is not None:
+                yield info
             yield from families(series(points, history=True), with_timestamps=True,
                                 shift_s=shift_s)
 
