@@ -1,4 +1,4 @@
-"""``python -m otel_ttft.dashboards [--check] [DIR]``: write (or check) grafana/dashboards/*.json."""
+"""``python -m otel_ttft.dashboards [--check] [DIR]``: write (or check) the dashboard JSON."""
 
 from __future__ import annotations
 

@@ -107,6 +107,7 @@ def build() -> db.Dashboard:
             "Recent activations",
             "One row per vllm.activation trace (kind: start, wake, adapter); click the trace id "
             "for the waterfall across the API server, EngineCore and worker processes.",
-            f'{{ name = "{semconv.SPAN_ACTIVATION}" }} | select(span.{semconv.ATTR_ACTIVATION_KIND})',
+            f'{{ name = "{semconv.SPAN_ACTIVATION}" }} | '
+            f'select(span.{semconv.ATTR_ACTIVATION_KIND})',
             limit=50))
     )

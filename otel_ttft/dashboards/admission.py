@@ -67,7 +67,8 @@ def build() -> db.Dashboard:
             f'{{ name = "{semconv.SPAN_REQUEST}" && '
             f'span.{semconv.ATTR_REQUEST_ADMISSION_FAILED} > 0 }} | '
             f'select(span.{semconv.ATTR_REQUEST_ADMISSION_FAILED}, '
-            f'span.{semconv.ATTR_REQUEST_ARRIVAL_WAITING}, span.{semconv.ATTR_REQUEST_ARRIVAL_KV_USAGE})',
+            f'span.{semconv.ATTR_REQUEST_ARRIVAL_WAITING}, '
+            f'span.{semconv.ATTR_REQUEST_ARRIVAL_KV_USAGE})',
             width=12))
         .with_panel(traceql_table(
             "Preempted requests",

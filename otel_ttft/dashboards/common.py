@@ -7,9 +7,8 @@ from typing import Any
 
 from grafana_foundation_sdk.builders import common as cb
 from grafana_foundation_sdk.builders import dashboard as db
-from grafana_foundation_sdk.builders import prometheus, tempo
+from grafana_foundation_sdk.builders import prometheus, tempo, timeseries
 from grafana_foundation_sdk.builders import table as table_panel
-from grafana_foundation_sdk.builders import timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm

@@ -1,4 +1,4 @@
-"""TTFT breakdown: how long the first token takes per model, cold vs. warm, and which stage it goes to."""
+"""TTFT breakdown: the first token per model, cold vs. warm, and which stage the time goes to."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ def build() -> db.Dashboard:
     return (
         new_dashboard("ttft", "otel-ttft / TTFT breakdown",
                       "Server time to first token per model, cold vs. warm, and the share of each "
-                      "stage (frontend, queue, prefill). Exemplars open the request trace in Tempo.")
+                      "stage (frontend, queue, prefill). Exemplars open the request trace in "
+                      "Tempo.")
         .with_row(db.Row("Time to first token"))
         .with_panel(timeseries_panel(
             "Server TTFT p50 / p95 / p99 by model, cold vs. warm",

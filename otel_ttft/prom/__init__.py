@@ -1,1 +1,1 @@
-"""OTLP metric points from the embedded store, as the Collector's ``prometheus`` exporter shows them."""
+"""The embedded store's metric points as the Collector's ``prometheus`` exporter shows them."""

@@ -19,10 +19,10 @@ from typing import Any
 
 from prometheus_client.core import (
     CounterMetricFamily,
-    InfoMetricFamily,
     Exemplar,
     GaugeMetricFamily,
     HistogramMetricFamily,
+    InfoMetricFamily,
     Metric,
     SummaryMetricFamily,
 )
@@ -63,7 +63,7 @@ def _accumulate(prev: dict | None, point: dict) -> dict:
         out["count"] = prev.get("count", 0) + point.get("count", 0)
         out["sum"] = (prev.get("sum") or 0) + (point.get("sum") or 0)
         out["bucket_counts"] = [a + b for a, b in zip(prev["bucket_counts"],
-                                                      point["bucket_counts"])]
+                                                      point["bucket_counts"], strict=False)]
     return out
 
 

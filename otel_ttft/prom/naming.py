@@ -60,8 +60,9 @@ def metric_type(point: dict) -> str:
 
 
 def metric_name(name: str, unit: str, mtype: str) -> str:
-    """``ttft.activation.stage.duration`` (s, histogram) -> ``ttft_activation_stage_duration_seconds``
-    (the exporter then adds ``_bucket``/``_sum``/``_count``; counters already end in ``_total``)."""
+    """``ttft.activation.stage.duration`` (s, histogram) ->
+    ``ttft_activation_stage_duration_seconds`` (then ``_bucket``/``_sum``/``_count``); counters
+    end in ``_total``."""
     tokens = [t for t in _NAME_SPLIT.split(name) if t]
     main, per = _unit_suffixes(unit or "")
     if main in tokens:
