@@ -73,10 +73,13 @@ def main(args) -> int:
         print(f"otel-ttft prometheus: refusing to listen on non-loopback {args.host!r} "
               "(--allow-non-loopback to do it anyway)", file=sys.stderr)
         return 2
+    if not 0 <= args.port <= 65535:
+        print(f"otel-ttft prometheus: port {args.port} is not in 0-65535", file=sys.stderr)
+        return 2
     expire = None if args.expire <= 0 else args.expire
     try:
         return serve(str(directory), args.host, args.port, expire)
-    except OSError as exc:
+    except (OSError, OverflowError) as exc:
         print(f"otel-ttft prometheus: {exc}", file=sys.stderr)
         return 2
 
