@@ -113,6 +113,18 @@ def prom_queries() -> list[tuple[str, int, str, str]]:
     return out
 
 
+def variable_queries() -> list[tuple[str, str, str]]:
+    """(variable, series selector, label) of every ``label_values(selector, label)`` variable,
+    Grafana variables substituted, one per distinct query."""
+    out = set()
+    for dash in dashboards().values():
+        for var in dash["templating"]["list"]:
+            m = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", var["query"].strip())
+            assert m, var["query"]
+            out.add((var["name"], substitute(m.group(1)), m.group(2)))
+    return sorted(out)
+
+
 def substitute(expr: str) -> str:
     for var in sorted(GRAFANA_VARS, key=len, reverse=True):
         expr = expr.replace(var, GRAFANA_VARS[var])

@@ -31,13 +31,14 @@ from tests.prom_helpers import (
     prometheus,
     traceql_names_and_attributes,
     traceql_stage_values,
+    variable_queries,
     wait_for_alerts,
 )
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(
     not have_prometheus() and not os.environ.get("CI"), reason="needs prometheus and promtool")]
 
-SLOW_S = 25  # added to warmup.device_init; the alert needs 2x the baseline and +10 s
+SLOW_S = 15  # added to warmup.device_init; the alert needs 2x the baseline and +10 s
 SLOW_STAGE = semconv.STAGE_WARMUP_DEVICE_INIT
 HISTORY_SHIFT_S = -3 * 3600
 
@@ -191,6 +192,16 @@ def test_warmup_alert_and_dashboards_on_real_vllm_metrics(receiver_factory, tiny
             assert results.get(key), f"no data for {key}"
         shares = results[("otel-ttft-ttft.json", "Stage share of server TTFT per model (stacked)")]
         assert all(0 <= s <= 1.0001 for s in shares), shares
+
+        # The variables (service, instance, model) list what these runs sent.
+        for name, selector, label in variable_queries():
+            out = api(url, f"/api/v1/label/{label}/values", **{"match[]": selector},
+                      start=slow_start - 30, end=end)
+            assert out.get("status") == "success" and out["data"], (name, selector, out)
+            if name == "model":
+                assert str(tiny_model) in out["data"]
+            if name == "service":
+                assert EXPORT_ENV["OTEL_SERVICE_NAME"] in out["data"]
 
     # TraceQL panels (Tempo cannot run here) use only span names and attributes these real
     # runs emitted.

@@ -86,10 +86,17 @@ def timeseries_panel(title: str, description: str, unit: str, *targets: Any,
 
 
 def traceql_table(title: str, description: str, query: str, *, limit: int = 20,
-                  width: int = 24, height: int = 9) -> table_panel.Panel:
+                  width: int = 24, height: int = 9, slowest_first: bool = False,
+                  time_from: str | None = None) -> table_panel.Panel:
     """Tempo search results; the trace and span duration columns are in ms, other numbers as
-    they are."""
-    return (table_panel.Panel().title(title).description(description).unit("none")
+    they are. ``slowest_first``: rows sorted by duration; ``time_from``: e.g. ``1h`` whatever the
+    dashboard's range."""
+    p = table_panel.Panel()
+    if slowest_first:
+        p = p.sort_by([cb.TableSortByFieldState().display_name("Duration").desc(True)])
+    if time_from:
+        p = p.time_from(time_from)
+    return (p.title(title).description(description).unit("none")
             .datasource(TEMPO).with_target(traceql(query, limit)).span(width).height(height)
             .override_by_regexp("^(traceDuration|spanDuration|duration)$",
                                 [dm.DynamicConfigValue(id_val="unit", value="ms")]))

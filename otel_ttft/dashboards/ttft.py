@@ -89,9 +89,10 @@ def build() -> db.Dashboard:
         .with_row(db.Row("Slowest first tokens (Tempo)"))
         .with_panel(traceql_table(
             "Slowest first tokens of the last hour, with their stage spans",
-            "Request traces whose stage spans took longest; each row lists the request's stage "
-            "spans (ttft.stage) with their durations, the longest being the dominant stage. "
-            "Click a trace id for the waterfall.",
+            "Request traces of the last hour, slowest first; each row expands to the request's "
+            "stage spans (ttft.stage) with their durations, the longest being the dominant "
+            "stage. Click a trace id for the waterfall.",
             f'{{ name = "{semconv.SPAN_REQUEST}" }} >> '
-            f'{{ span.ttft.stage =~ "{TTFT_STAGES}" }} | select(span.ttft.stage)'))
+            f'{{ span.ttft.stage =~ "{TTFT_STAGES}" }} | select(span.ttft.stage)',
+            limit=50, slowest_first=True, time_from="1h"))
     )
