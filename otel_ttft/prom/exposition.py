@@ -18,13 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.core import (
-    CounterMetricFamily,
     Exemplar,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    InfoMetricFamily,
     Metric,
-    SummaryMetricFamily,
 )
 from prometheus_client.registry import Collector
 
@@ -124,51 +119,47 @@ def _ts(point: dict, with_timestamps: bool) -> float | None:
 
 def families(all_series: Iterable[_Series], *, with_timestamps: bool = False,
              shift_s: float = 0.0) -> Iterator[Metric]:
-    """One metric family per Prometheus name (label names may differ between series)."""
+    """One metric family per Prometheus name; label names may differ between its series, so
+    samples are added one by one."""
     grouped: dict[tuple[str, str], list[_Series]] = {}
     for s in all_series:
         grouped.setdefault((s.name, s.mtype), []).append(s)
     for (name, mtype), members in sorted(grouped.items()):
         doc = next((m.help for m in members if m.help), "")
-        if mtype == naming.HISTOGRAM:
-            fam: Metric = HistogramMetricFamily(name, doc, labels=[])
-        elif mtype == naming.COUNTER:
-            fam = CounterMetricFamily(name, doc, labels=[])
-        elif mtype == naming.SUMMARY:
-            fam = SummaryMetricFamily(name, doc, labels=[])
-        else:
-            fam = GaugeMetricFamily(name, doc, labels=[])
+        fam = Metric(name.removesuffix("_total") if mtype == naming.COUNTER else name, doc,
+                     mtype)
         for s in members:
-            keys, values = list(s.labels), list(s.labels.values())
-            fam._labelnames = tuple(keys)  # noqa: SLF001 - label names differ per series
             for point in s.points:
                 ts = _ts(point, with_timestamps)
-                if ts is not None:
-                    ts += shift_s
-                _add(fam, mtype, values, point, ts)
+                _add(fam, name, mtype, s.labels, point, None if ts is None else ts + shift_s)
         yield fam
 
 
-def _add(fam: Metric, mtype: str, values: list[str], point: dict, ts: float | None) -> None:
+def _add(fam: Metric, name: str, mtype: str, labels: dict[str, str], point: dict,
+         ts: float | None) -> None:
     if mtype == naming.HISTOGRAM:
         bounds = [float(b) for b in point.get("explicit_bounds") or []]
         counts = list(point.get("bucket_counts") or [])
         exemplars = _exemplar_by_bucket(point, bounds)
-        cumulative, buckets = 0, []
-        for i, bound in enumerate([*bounds, float("inf")]):
+        cumulative = 0
+        for i, bound in enumerate(bounds):
             cumulative += counts[i] if i < len(counts) else 0
-            if bound == float("inf"):
-                cumulative = point.get("count", cumulative)
-            ex = exemplars.get(i)
-            buckets.append((_bound(bound), cumulative, ex) if ex else (_bound(bound), cumulative))
-        sum_value = point.get("sum")
-        fam.add_metric(values, buckets, sum_value if sum_value is not None else 0.0, timestamp=ts)
+            fam.add_sample(f"{name}_bucket", {**labels, "le": _bound(bound)}, cumulative, ts,
+                           exemplars.get(i))
+        count = point.get("count", 0)
+        fam.add_sample(f"{name}_bucket", {**labels, "le": "+Inf"}, count, ts,
+                       exemplars.get(len(bounds)))
+        if point.get("sum") is not None:  # an unset sum is left out, as the exporter does
+            fam.add_sample(f"{name}_sum", labels, point["sum"], ts)
+        fam.add_sample(f"{name}_count", labels, count, ts)
     elif mtype == naming.SUMMARY:
-        fam.add_metric(values, point.get("count", 0), point.get("sum") or 0.0, timestamp=ts)
-    else:
-        value = point.get("value")
-        if value is not None:
-            fam.add_metric(values, float(value), timestamp=ts)
+        fam.add_sample(f"{name}_sum", labels, point.get("sum") or 0.0, ts)
+        fam.add_sample(f"{name}_count", labels, point.get("count", 0), ts)
+        for q in point.get("quantiles") or []:
+            fam.add_sample(name, {**labels, "quantile": repr(float(q["quantile"]))}, q["value"],
+                           ts)
+    elif point.get("value") is not None:
+        fam.add_sample(name, labels, float(point["value"]), ts)
 
 
 _IDENTIFYING = ("service.name", "service.namespace", "service.instance.id")
@@ -178,7 +169,7 @@ def target_info(points: Iterable[dict], *, with_timestamps: bool = False,
                 shift_s: float = 0.0) -> Metric | None:
     """``target_info``: one sample per resource, its non-identifying attributes as labels plus
     ``job``/``instance`` (the exporter's default, also with resource_to_telemetry_conversion)."""
-    fam = InfoMetricFamily("target", "Target metadata", labels=[])
+    fam = Metric("target", "Target metadata", "info")
     seen: dict[tuple, tuple[dict, float | None]] = {}
     for point in sorted(points, key=lambda p: p.get("time_ns") or 0):
         resource = point.get("resource") or {}
@@ -195,8 +186,7 @@ def target_info(points: Iterable[dict], *, with_timestamps: bool = False,
     if not seen:
         return None
     for lbls, ts in sorted(seen.values(), key=lambda v: (_frozen(v[0]), v[1] or 0)):
-        fam._labelnames = tuple(lbls)  # noqa: SLF001 - label names differ per resource
-        fam.add_metric(list(lbls.values()), {}, timestamp=ts)
+        fam.add_sample("target_info", lbls, 1.0, ts)
     return fam
 
 
