@@ -126,11 +126,29 @@ def _scrape(url: str) -> str:
         return resp.read().decode()
 
 
+class _BreakableStore:
+    """The receiver's store, until ``broken`` is set: then reading it fails like a corrupt
+    store (``StoreFormatError`` is a ValueError)."""
+
+    def __init__(self, store: SpanStore) -> None:
+        self.store, self.broken = store, False
+
+    def metric_points(self) -> list[dict]:
+        if self.broken:
+            raise ValueError("metrics store: line 3: not JSON")
+        return self.store.metric_points()
+
+
 @pytest.fixture
-def endpoint(receiver):
+def breakable(receiver):
+    return _BreakableStore(receiver.store)
+
+
+@pytest.fixture
+def endpoint(breakable):
     stop, ready = threading.Event(), threading.Event()
-    thread = threading.Thread(target=serve, args=(str(receiver.store.directory), "127.0.0.1", 0,
-                                                  None, stop, ready), daemon=True)
+    thread = threading.Thread(target=serve, args=(breakable, "127.0.0.1", 0, None, stop, ready),
+                              daemon=True)
     thread.start()
     assert ready.wait(10)
     yield f"http://127.0.0.1:{ready.port}/metrics"
@@ -183,9 +201,8 @@ def test_scrape_endpoint_shows_our_instruments_as_the_collector_would(receiver, 
     assert "service_name" not in info.labels
 
 
-def test_scrape_endpoint_survives_garbage_and_a_corrupt_store(receiver, endpoint):
-    store: SpanStore = receiver.store
-    store.add_metric_points([_point(name="ok.metric")])
+def test_scrape_endpoint_survives_garbage_and_a_corrupt_store(receiver, breakable, endpoint):
+    receiver.store.add_metric_points([_point(name="ok.metric")])
     host, port = endpoint.split("//")[1].split("/")[0].split(":")
     for junk in (b"\x00\xff" * 1000, b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\n\r\n",
                  b"POST /metrics HTTP/1.1\r\nContent-Length: 99999999\r\n\r\nxx"):
@@ -197,15 +214,13 @@ def test_scrape_endpoint_survives_garbage_and_a_corrupt_store(receiver, endpoint
             while sock.recv(65536):
                 pass
     assert "ok_metric_total" in _scrape(endpoint)
-    # A complete line that is not JSON: the scrape fails (Prometheus marks the target down)...
-    with open(store.metrics_path, "ab") as f:
-        f.write(b"{not json\n")
+    # An unreadable store: the scrape fails (Prometheus marks the target down)...
+    breakable.broken = True
     with pytest.raises(urllib.error.HTTPError) as err:
         _scrape(endpoint)
     assert err.value.code == 500
-    # ...and works again once the store is repaired, the server never died.
-    lines = store.metrics_path.read_bytes().splitlines(keepends=True)[:-1]
-    store.metrics_path.write_bytes(b"".join(lines))
+    # ...and works again once the store is readable: the server never died.
+    breakable.broken = False
     assert "ok_metric_total" in _scrape(endpoint)
 
 

@@ -27,14 +27,14 @@ class _Guarded(StoreCollector):
             raise RuntimeError("store unreadable") from None
 
 
-def serve(directory: str, host: str, port: int, expire_s: float | None,
+def serve(store: SpanStore, host: str, port: int, expire_s: float | None,
           stop: threading.Event | None = None, ready: threading.Event | None = None) -> int:
+    """Serve ``store`` (anything with ``metric_points()``) until ``stop`` or SIGTERM/Ctrl-C."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Guarded(SpanStore(directory), expire_s))
+    registry.register(_Guarded(store, expire_s))
     server, thread = start_http_server(port, host, registry)
     bound = server.server_address[1]
-    print(f"Prometheus scrape endpoint http://{host}:{bound}/metrics (store {directory})",
-          flush=True)
+    print(f"Prometheus scrape endpoint http://{host}:{bound}/metrics ({store})", flush=True)
     if ready is not None:
         ready.port = bound  # type: ignore[attr-defined]
         ready.set()
@@ -78,7 +78,7 @@ def main(args) -> int:
         return 2
     expire = None if args.expire <= 0 else args.expire
     try:
-        return serve(str(directory), args.host, args.port, expire)
+        return serve(SpanStore(directory), args.host, args.port, expire)
     except (OSError, OverflowError) as exc:
         print(f"otel-ttft prometheus: {exc}", file=sys.stderr)
         return 2
