@@ -35,7 +35,7 @@ from tests.prom_helpers import (
     wait_for_alerts,
 )
 
-pytestmark = [pytest.mark.vllm, pytest.mark.skipif(
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1500), pytest.mark.skipif(
     not have_prometheus() and not os.environ.get("CI"), reason="needs prometheus and promtool")]
 
 SLOW_S = 15  # added to warmup.device_init; the alert needs 2x the baseline and +10 s
@@ -95,24 +95,28 @@ def _run(receiver_factory, tiny_model: Path, tmp: Path, *, slow: bool, requests:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_plugin_dir(tmp)),
                                                           os.environ.get("PYTHONPATH")]))
         env["OTEL_TTFT_TEST_SLOW_DEVICE_INIT"] = str(SLOW_S)
+    server = VllmServer(tiny_model, env=env, extra_args=("--enforce-eager",),
+                        log_path=tmp / "server.log")
     try:
-        with VllmServer(tiny_model, env=env, extra_args=("--enforce-eager",),
-                        log_path=tmp / "server.log") as server:
-            for i in range(requests):
-                _complete(server, tiny_model, f"request {i} of the {'slow' if slow else 'normal'}"
-                                              " start")
-                time.sleep(0.5)
+        # A start takes ~1 min here idle, several when the machine is shared: generous limit.
+        server.start(timeout_s=600)
+        for i in range(requests):
+            _complete(server, tiny_model, f"request {i} of the {'slow' if slow else 'normal'} "
+                                          "start")
+            time.sleep(0.5)
 
-            def exported(_spans):
-                points = rx.store.metric_points()
-                stages = {p["attributes"].get(semconv.ATTR_STAGE) for p in points
-                          if p["name"] == semconv.METRIC_ACTIVATION_STAGE_LAST_DURATION}
-                ttft = [p["count"] for p in points if p["name"] == semconv.METRIC_SERVER_TTFT]
-                return SLOW_STAGE in stages and sum(ttft or [0]) >= requests
-            rx.wait_for_spans(exported, 60)
-            time.sleep(3)  # a few more exports: rates need more than one sample per series
+        def exported(_spans):
+            points = rx.store.metric_points()
+            stages = {p["attributes"].get(semconv.ATTR_STAGE) for p in points
+                      if p["name"] == semconv.METRIC_ACTIVATION_STAGE_LAST_DURATION}
+            ttft = [p["count"] for p in points if p["name"] == semconv.METRIC_SERVER_TTFT]
+            return SLOW_STAGE in stages and sum(ttft or [0]) >= requests
+        rx.wait_for_spans(exported, 60)
+        time.sleep(3)  # a few more exports: rates need more than one sample per series
+        server.stop()
         return rx.store.metric_points(), rx.store.spans()
     finally:
+        server.stop()  # a no-op when already stopped
         rx.stop()
 
 
