@@ -14,7 +14,7 @@ from typing import Any
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from otel_ttft import semconv
+from otel_ttft import semconv, spans
 from otel_ttft.version import __version__
 
 
@@ -52,15 +52,26 @@ _last: dict[tuple[str, str | None], list] = {}
 _compiles: dict[str | None, list] = {}
 
 
+def _model(model: str | None) -> str | None:
+    """A stage that ended before this process knew its model (its process start, say) belongs to
+    the model it serves: read at export time, when it is known, so the series of one activation
+    all carry the model label."""
+    return model or spans.served_model
+
+
 def _observe_last(options: CallbackOptions):
+    merged: dict[tuple[str, str | None], float] = {}
     for (stage, model), (_trace, seconds) in list(_last.items()):
+        key = (stage, _model(model))
+        merged[key] = max(seconds, merged.get(key, 0.0))
+    for (stage, model), seconds in merged.items():
         yield Observation(seconds, _attrs(stage, model))
 
 
 def _observe_compile(options: CallbackOptions):
     for model, (_trace, total, hits) in list(_compiles.items()):
         if total:
-            yield Observation(hits / total, _attrs(None, model))
+            yield Observation(hits / total, _attrs(None, _model(model)))
 
 
 def _attrs(stage: str | None, model: str | None) -> dict[str, str]:

@@ -278,3 +278,18 @@ def test_latest_activation_gauges_start_afresh_with_a_new_activation():
     assert ratio.value == 1.0
     metrics._last.clear()
     metrics._compiles.clear()
+
+
+def test_stages_that_ended_before_the_model_was_known_carry_it_at_export(monkeypatch):
+    from otel_ttft import metrics, spans
+
+    metrics._last.clear()
+    monkeypatch.setattr(spans, "served_model", None)
+    metrics.record_activation_stage("warmup.process_start", 12.0, None, trace_id=7)
+    monkeypatch.setattr(spans, "served_model", "m")
+    metrics.record_activation_stage("warmup.process_start", 3.0, "m", trace_id=7)
+    (obs,) = list(metrics._observe_last(None))
+    assert obs.attributes == {"ttft.stage": "warmup.process_start",
+                              "gen_ai.request.model": "m"}
+    assert obs.value == 12.0
+    metrics._last.clear()

@@ -3,7 +3,8 @@ embedded OTLP receiver, converted to the Collector's Prometheus names by ``otel_
 backfilled with ``promtool tsdb create-blocks-from openmetrics``, evaluated by the shipped rules
 and queried with every PromQL expression of every dashboard.
 
-Two vLLM starts: a normal one, replayed as the model's activation three hours ago (the baseline),
+Two vLLM starts: a normal one, replayed as the model's activation three hours ago (the baseline;
+its last export repeated for 30 idle minutes, as a server that stayed up would have sent it),
 and one slowed on purpose (a test plugin sleeps inside the worker's device initialisation), at
 its real time. The warm-up alert must fire for the slowed stage, and for no stage that was not
 slowed: the other stages of the two real start-ups differ only by noise."""
@@ -41,6 +42,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1500), pytest.mark.skipif(
 SLOW_S = 15  # added to warmup.device_init; the alert needs 2x the baseline and +10 s
 SLOW_STAGE = semconv.STAGE_WARMUP_DEVICE_INIT
 HISTORY_SHIFT_S = -3 * 3600
+IDLE_S = 30 * 60  # the normal server's idle life after start-up, as exported
 
 SLOW_PLUGIN = '''
 def register():
@@ -130,6 +132,20 @@ def receiver_factory():
     return make
 
 
+def _idle_exports(points: list[dict], seconds: float, every_s: float = 15) -> list[dict]:
+    """What the normal server would have exported had it stayed up ``seconds`` more, idle: its
+    last point of every series, unchanged, every ``every_s``. In production a server lives for
+    hours and its few start-up minutes (gauges of processes not yet exported) weigh nothing in the
+    7-day median; a test server stopped right after start-up would be judged on them."""
+    latest: dict[tuple, dict] = {}
+    for p in sorted(points, key=lambda p: p["time_ns"]):
+        key = (p["name"], json.dumps(p["attributes"], sort_keys=True),
+               json.dumps(p["resource"], sort_keys=True))
+        latest[key] = p
+    return [{**p, "time_ns": p["time_ns"] + int(k * every_s * 1e9), "exemplars": []}
+            for p in latest.values() for k in range(1, int(seconds / every_s) + 1)]
+
+
 def _value(point_list: list[dict], stage: str) -> float:
     values = [p["value"] for p in point_list
               if p["name"] == semconv.METRIC_ACTIVATION_STAGE_LAST_DURATION
@@ -147,6 +163,7 @@ def test_warmup_alert_and_dashboards_on_real_vllm_metrics(receiver_factory, tiny
 
     data = tmp_path / "prom-data"
     data.mkdir()
+    normal_points = normal_points + _idle_exports(normal_points, IDLE_S)
     last_normal = max(p["time_ns"] for p in normal_points) / 1e9
     shift = time.time() + HISTORY_SHIFT_S - last_normal
     backfill(openmetrics_history(normal_points, shift), data, tmp_path, "history")
