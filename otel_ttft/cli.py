@@ -228,6 +228,12 @@ def _replay(args: argparse.Namespace) -> int:
     return main(args)
 
 
+def _prometheus(args: argparse.Namespace) -> int:
+    from otel_ttft.prom import serve
+
+    return serve.main(args)
+
+
 def _doctor(argv: Sequence[str]) -> int:
     from otel_ttft import doctor
 
@@ -307,6 +313,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_replay_arguments(p)
     p.set_defaults(func=_replay)
+
+    p = sub.add_parser("prometheus", help="serve a store's metrics for Prometheus to scrape (the "
+                       "Collector's names), or write them as OpenMetrics for backfilling")
+    p.add_argument("--dir", required=True, help="store directory written by `otel-ttft sink`")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=9464, help="0 picks a free port (9464)")
+    p.add_argument("--expire", type=float, default=1800,
+                   help="drop series not updated for this many seconds (1800; 0 keeps all)")
+    p.add_argument("--openmetrics", metavar="FILE",
+                   help="write every point with its timestamp to FILE ('-' for stdout) and exit")
+    p.add_argument("--shift", type=float, default=0.0,
+                   help="with --openmetrics: add this many seconds to every timestamp")
+    p.add_argument("--allow-non-loopback", action="store_true",
+                   help="listen on a non-loopback address")
+    p.set_defaults(func=_prometheus)
 
     sub.add_parser("doctor", add_help=False, help="which hooks are live for the installed vLLM")
     return parser

@@ -278,3 +278,12 @@ SCENARIO_ADAPTER_SWITCH = "adapter-switch"
 SCENARIOS = (SCENARIO_COLD_SWITCH, SCENARIO_SWITCH_BACK, SCENARIO_RESIDENT_DUAL,
              SCENARIO_SHORT_PROMPT, SCENARIO_LONG_PROMPT, SCENARIO_ADAPTER_SWITCH)
 DRIVERS = ("restart", "sleep", "resident", "proxy")
+
+# --- issue 7: alerting on sparse activations, Prometheus names --------------------------------
+# Duration of each stage in this process's latest activation (the longest span of that stage in
+# it: for a family, its outermost span; for load.read, the slowest shard). A gauge, so an alert can
+# compare the latest activation against the model's history without a rate over empty windows.
+METRIC_ACTIVATION_STAGE_LAST_DURATION = "ttft.activation.stage.last_duration"  # gauge, s
+# Fraction of this process's torch.compile spans in its latest activation that hit the cache
+# (ttft.compile.cache_hit); a gauge for the same reason.
+METRIC_ACTIVATION_COMPILE_CACHE_HIT_RATIO = "ttft.activation.compile.cache_hit_ratio"  # gauge, 1

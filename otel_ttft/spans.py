@@ -63,7 +63,8 @@ class StageTagger(SpanProcessor):
             from otel_ttft import metrics
 
             metrics.record_activation_stage(str(stage), (span.end_time - span.start_time) / 1e9,
-                                            served_model)
+                                            served_model, span.context.trace_id,
+                                            attrs.get(semconv.ATTR_COMPILE_CACHE_HIT))
 
     def shutdown(self) -> None:
         pass

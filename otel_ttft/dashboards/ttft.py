@@ -1,0 +1,98 @@
+"""TTFT breakdown: the first token per model, cold vs. warm, and which stage the time goes to."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import dashboard as db
+
+from otel_ttft import semconv
+from otel_ttft.dashboards.common import (
+    SEL,
+    new_dashboard,
+    prom,
+    timeseries_panel,
+    traceql_table,
+)
+
+TTFT = "gen_ai_server_time_to_first_token_seconds"
+STAGE = "ttft_request_stage_duration_seconds"
+# Stages inside server TTFT (first_decode is after it).
+TTFT_STAGES = "|".join((semconv.STAGE_FRONTEND, semconv.STAGE_QUEUE, semconv.STAGE_PREFILL))
+
+
+def _quantile(q: float, ref: str) -> object:
+    return prom(
+        f"histogram_quantile({q}, sum by (gen_ai_request_model, ttft_request_cold, le) "
+        f"(rate({TTFT}_bucket{{{SEL}}}[$__rate_interval])))",
+        f"p{int(q * 100)} {{{{gen_ai_request_model}}}} cold={{{{ttft_request_cold}}}}", ref,
+        exemplar=True)
+
+
+def build() -> db.Dashboard:
+    return (
+        new_dashboard("ttft", "otel-ttft / TTFT breakdown",
+                      "Server time to first token per model, cold vs. warm, and the share of each "
+                      "stage (frontend, queue, prefill). Exemplars open the request trace in "
+                      "Tempo.")
+        .with_row(db.Row("Time to first token"))
+        .with_panel(timeseries_panel(
+            "Server TTFT p50 / p95 / p99 by model, cold vs. warm",
+            "gen_ai.server.time_to_first_token: request arrival to first token handed to HTTP. "
+            "cold=true: the first requests after an activation (OTEL_TTFT_COLD_REQUESTS) or a "
+            "request that waited on warm-up work. Exemplar dots open the request's trace.",
+            "s", _quantile(0.5, "A"), _quantile(0.95, "B"), _quantile(0.99, "C"), width=16))
+        .with_panel(timeseries_panel(
+            "Cold requests: p95 TTFT of live processes",
+            "Cold requests are few (the first after each activation), so this reads the "
+            "cumulative histogram of each live process instead of a rate over empty windows; the "
+            "cold-TTFT alert uses the same expression.",
+            "s",
+            prom(f"histogram_quantile(0.95, sum by (gen_ai_request_model, le) "
+                 f"({TTFT}_bucket{{ttft_request_cold=\"true\", {SEL}}}))",
+                 "{{gen_ai_request_model}}"),
+            width=8))
+        .with_panel(timeseries_panel(
+            "Requests per second by model",
+            "Rate of requests that reached a first token.", "reqps",
+            prom(f"sum by (gen_ai_request_model, ttft_request_cold) "
+                 f"(rate({TTFT}_count{{{SEL}}}[$__rate_interval]))",
+                 "{{gen_ai_request_model}} cold={{ttft_request_cold}}"),
+            width=8))
+        .with_panel(timeseries_panel(
+            "Mean server TTFT by model",
+            "Sum of TTFT over count, per model: the level the stage shares below divide up.",
+            "s",
+            prom(f"sum by (gen_ai_request_model) (rate({TTFT}_sum{{{SEL}}}[$__rate_interval])) "
+                 f"/ sum by (gen_ai_request_model) (rate({TTFT}_count{{{SEL}}}[$__rate_interval]))",
+                 "{{gen_ai_request_model}}"),
+            width=16))
+        .with_row(db.Row("Where the time goes"))
+        .with_panel(timeseries_panel(
+            "Stage share of server TTFT per model (stacked)",
+            "ttft.request.stage.duration summed per stage, over the summed server TTFT: the "
+            "stages tile TTFT, so the stack reaches 100 %. The largest band is the stage to fix "
+            "(README: stage table).",
+            "percentunit",
+            prom(f"sum by (gen_ai_request_model, ttft_stage) "
+                 f"(rate({STAGE}_sum{{ttft_stage=~\"{TTFT_STAGES}\", {SEL}}}[$__rate_interval])) "
+                 f"/ on (gen_ai_request_model) group_left sum by (gen_ai_request_model) "
+                 f"(rate({TTFT}_sum{{{SEL}}}[$__rate_interval]))",
+                 "{{gen_ai_request_model}} {{ttft_stage}}"),
+            stacked=True, width=12))
+        .with_panel(timeseries_panel(
+            "Stage duration p95 by stage",
+            "p95 time one request spends in each stage (first_decode: first to second token, "
+            "outside TTFT).", "s",
+            prom(f"histogram_quantile(0.95, sum by (ttft_stage, le) "
+                 f"(rate({STAGE}_bucket{{{SEL}}}[$__rate_interval])))", "{{ttft_stage}}",
+                 exemplar=True),
+            width=12))
+        .with_row(db.Row("Slowest first tokens (Tempo)"))
+        .with_panel(traceql_table(
+            "Slowest first tokens of the last hour, with their stage spans",
+            "Request traces of the last hour, slowest first; each row expands to the request's "
+            "stage spans (ttft.stage) with their durations, the longest being the dominant "
+            "stage. Click a trace id for the waterfall.",
+            f'{{ name = "{semconv.SPAN_REQUEST}" }} >> '
+            f'{{ span.ttft.stage =~ "{TTFT_STAGES}" }} | select(span.ttft.stage)',
+            limit=50, slowest_first=True, time_from="1h"))
+    )

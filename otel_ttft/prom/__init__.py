@@ -1,0 +1,1 @@
+"""The embedded store's metric points as the Collector's ``prometheus`` exporter shows them."""
