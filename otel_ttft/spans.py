@@ -82,6 +82,11 @@ def ensure_stage_tagger() -> None:
         return
     _tagged_providers.add(id(provider))
     provider.add_span_processor(StageTagger())
+    # Issue 11: open activation spans are tracked (hangs, crashes) and exit is bounded.
+    from otel_ttft import bounded_export, inflight
+
+    inflight.install(provider)
+    bounded_export.harden(provider)
 
 
 def _initial_environ() -> dict[str, str]:
@@ -146,7 +151,9 @@ def stage_span(name: str, stage: str | None, *, enrich: str | None = None,
         tag_span(current, stage, attributes)
         yield current
         return
-    span = _tracer.start_span(name, context=context, start_time=clock.now_ns())
+    # The stage goes in at start: span processors (the in-flight tracker) see it on_start.
+    span = _tracer.start_span(name, context=context, start_time=clock.now_ns(),
+                              attributes={semconv.ATTR_STAGE: stage} if stage else None)
     tag_span(span, stage, attributes)
     token = otel_context.attach(trace.set_span_in_context(span))
     try:

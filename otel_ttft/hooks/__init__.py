@@ -6,9 +6,9 @@ from otel_ttft.hooks.registry import Hook
 
 
 def all_hooks() -> list[Hook]:
-    from otel_ttft.hooks import activation, load, rpc, warmup
+    from otel_ttft.hooks import activation, fault, load, rpc, warmup
 
-    hooks = [*activation.HOOKS, *load.HOOKS, *warmup.HOOKS, *rpc.HOOKS]
+    hooks = [*activation.HOOKS, *load.HOOKS, *warmup.HOOKS, *rpc.HOOKS, *fault.HOOKS]
     try:
         from otel_ttft.hooks import request
     except ImportError:
