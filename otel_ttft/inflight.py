@@ -90,6 +90,11 @@ class InflightTracker(SpanProcessor):
             self._open[span.get_span_context().span_id] = span
         self.publish()
 
+    def restaged(self, span: Any) -> None:
+        """A tracked span got its stage after it started: the published chain must say it."""
+        if span.name in ACTIVATION_SPAN_NAMES and span.end_time is None:
+            self.publish()
+
     def on_end(self, span: ReadableSpan) -> None:
         if span.name not in ACTIVATION_SPAN_NAMES:
             return
@@ -169,6 +174,7 @@ def install(provider: Any) -> None:
             return
         _tracker = InflightTracker()
         provider.add_span_processor(_tracker)
+        spans.on_staged = _tracker.restaged
     _register_gauge()
     _start_snapshots()
     _install_fatal_signal_handlers()

@@ -127,9 +127,15 @@ def flush_async() -> None:
         threading.Thread(target=flush, name="otel-ttft-flush", daemon=True).start()
 
 
+# Set by inflight.install: told when a span gets its stage after it started.
+on_staged: Any = None
+
+
 def tag_span(span: Span, stage: str | None, attributes: Mapping[str, Any] | None) -> None:
     if stage is not None:
         span.set_attribute(semconv.ATTR_STAGE, stage)
+        if on_staged is not None:
+            on_staged(span)
     if process_kind:
         span.set_attribute(semconv.ATTR_PROCESS_KIND, process_kind)
     if attributes:
