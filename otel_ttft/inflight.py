@@ -175,6 +175,11 @@ def install(provider: Any) -> None:
         _tracker = InflightTracker()
         provider.add_span_processor(_tracker)
         spans.on_staged = _tracker.restaged
+        # vLLM opened its process's outer span ("Worker init", "EngineCoreProc init") before
+        # plugins load: adopt it, so the open chain reaches the parent process's span.
+        current = trace.get_current_span()
+        if current.is_recording() and getattr(current, "name", None) in ACTIVATION_SPAN_NAMES:
+            _tracker.on_start(current)
     _register_gauge()
     _start_snapshots()
     _install_fatal_signal_handlers()

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections import Counter
 
 import pytest
 from opentelemetry import trace
@@ -71,9 +72,10 @@ def test_exit_is_bounded_and_drops_are_counted_once(collector, tmp_path):
     assert len(first) == 1 and len(summary) == 1, proc.stderr
     assert "spans (queue_full)" in summary[0]
     assert "spans (exit_deadline)" in summary[0] or "spans (export_failed)" in summary[0]
-    # Each SDK message at most once (the SDK alone logs one per failed attempt of every batch).
-    sdk = [line for line in lines if "otel-ttft" not in line and line.strip()]
-    assert len(sdk) == len(set(sdk)), "\n".join(sdk)
+    # Each SDK message at most once per exporter, traces and metrics (the SDK alone logs one per
+    # failed attempt of every batch).
+    sdk = Counter(line for line in lines if "otel-ttft" not in line and line.strip())
+    assert max(sdk.values(), default=0) <= 2, sdk
     print(f"{collector}: exit after {elapsed:.1f} s; {summary[0]}")
 
 
