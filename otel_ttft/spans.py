@@ -134,12 +134,12 @@ on_staged: Any = None
 def tag_span(span: Span, stage: str | None, attributes: Mapping[str, Any] | None) -> None:
     if stage is not None:
         span.set_attribute(semconv.ATTR_STAGE, stage)
-        if on_staged is not None:
-            on_staged(span)
     if process_kind:
         span.set_attribute(semconv.ATTR_PROCESS_KIND, process_kind)
     if attributes:
         span.set_attributes({k: v for k, v in attributes.items() if v is not None})
+    if stage is not None and on_staged is not None:
+        on_staged(span)
 
 
 @contextmanager

@@ -189,8 +189,12 @@ def test_held_in_a_checkpoint_read_then_killed(receiver, tiny_model, tmp_path):
     assert root.attributes[semconv.ATTR_ACTIVATION_FAILED_STAGE] == semconv.STAGE_LOAD_READ
     assert root.span["status"]["code"] == "ERROR"
     # EngineCore's span reports its dead child, with the stage it died in.
-    (reporter,) = [n for n in root.walk() if semconv.ATTR_CHILD_PID in n.attributes]
-    assert reporter.attributes[semconv.ATTR_PROCESS_KIND] == "engine_core"
+    reporters = {n.attributes[semconv.ATTR_PROCESS_KIND]: n for n in root.walk()
+                 if semconv.ATTR_CHILD_PID in n.attributes}
+    assert set(reporters) == {"engine_core", "api_server"}
+    # EngineCore, in turn, failed: the API server's span reports that child too.
+    assert reporters["api_server"].attributes[semconv.ATTR_CHILD_EXIT_CODE] != 0
+    reporter = reporters["engine_core"]
     assert reporter.attributes[semconv.ATTR_CHILD_SIGNAL] == "SIGKILL"
     assert reporter.attributes[semconv.ATTR_CHILD_STAGE] == semconv.STAGE_LOAD_READ
     assert reporter.span["status"]["code"] == "ERROR"
@@ -199,6 +203,7 @@ def test_held_in_a_checkpoint_read_then_killed(receiver, tiny_model, tmp_path):
     (shard,) = [n for n in root.walk() if n.name == semconv.SPAN_SHARD_READ]
     assert shard.span["status"]["code"] == "ERROR"
     assert shard.attributes[semconv.ATTR_SPAN_ENDED_BY] == "parent"
+    assert shard.attributes[semconv.ATTR_PROCESS_KIND] == "worker"
     assert semconv.ATTR_SPAN_UNFINISHED not in shard.attributes
     assert shard.parent is not None and shard.parent.name == "Load weights"
     text = _tree(receiver.store.directory)

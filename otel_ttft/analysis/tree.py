@@ -87,6 +87,7 @@ KEY_NUMBERS: tuple[tuple[str, Callable[[Any], str | None]], ...] = (
      if v is True else None),
     (semconv.ATTR_ACTIVATION_FAILED_STAGE, _text("FAILED in ")),
     (semconv.ATTR_CHILD_PID, _fmt("child pid ", _int)),
+    (semconv.ATTR_CHILD_EXIT_CODE, _fmt("exit code ", _int)),
     (semconv.ATTR_CHILD_SIGNAL, _text("killed by ")),
     (semconv.ATTR_CHILD_STAGE, _text("child died in ")),
     (semconv.ATTR_SPAN_ENDED_BY, _text("ended by ")),
