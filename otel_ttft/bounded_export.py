@@ -252,6 +252,8 @@ def _register_exit() -> None:
             return
         _exit_registered = True
     _quiet_sdk_logs()
+    with contextlib.suppress(Exception):
+        _drop_counter()  # created now: at exit the meter provider may be shutting down
     atexit.register(bounded_exit)
 
 

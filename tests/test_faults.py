@@ -208,3 +208,114 @@ def test_snapshot_deadline_setting_is_read_with_a_fallback(monkeypatch):
     monkeypatch.setenv(semconv.ENV_SNAPSHOT_AFTER_S, "soon")
     assert inflight.snapshot_after_s() == semconv.DEFAULT_SNAPSHOT_AFTER_S
     assert json.dumps(inflight.snapshot_after_s())
+
+
+SIGNAL_SCRIPT = textwrap.dedent('''
+    import os, signal, sys
+    from opentelemetry import trace
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    tp = TracerProvider()
+    tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=sys.argv[1] + "/v1/traces")))
+    trace.set_tracer_provider(tp)
+    from otel_ttft import semconv, spans
+    spans.ensure_stage_tagger()
+    assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL, "no handler installed"
+    root = spans.tracer().start_span(semconv.SPAN_ACTIVATION)
+    with trace.use_span(root), spans.stage_span("Load weights", semconv.STAGE_LOAD):
+        os.kill(os.getpid(), signal.SIGTERM)
+        signal.pause()
+''')
+
+
+def test_sigterm_without_a_handler_ends_and_flushes_open_spans(receiver):
+    """The default action would kill the process with its spans; ours ends them, flushes, and
+    then dies of the same signal."""
+    proc = subprocess.run([sys.executable, "-c", SIGNAL_SCRIPT, receiver.http_endpoint],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert proc.returncode == -signal.SIGTERM, proc.stderr
+    spans_ = receiver.wait_for_spans(lambda s: len(s) >= 2, 10)
+    by_name = {s["name"]: s for s in spans_}
+    for name in (semconv.SPAN_ACTIVATION, "Load weights"):
+        assert by_name[name]["status"]["code"] == "ERROR"
+        assert by_name[name]["attributes"][semconv.ATTR_SPAN_ENDED_BY] == "SIGTERM"
+    root = by_name[semconv.SPAN_ACTIVATION]["attributes"]
+    assert root[semconv.ATTR_ACTIVATION_READY] is False
+    assert root[semconv.ATTR_ACTIVATION_FAILED_STAGE] == semconv.STAGE_LOAD
+
+
+def test_an_installed_sigterm_handler_is_left_alone():
+    script = textwrap.dedent('''
+        import signal
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        def mine(*_): pass
+        signal.signal(signal.SIGTERM, mine)
+        trace.set_tracer_provider(TracerProvider())
+        from otel_ttft import spans
+        spans.ensure_stage_tagger()
+        assert signal.getsignal(signal.SIGTERM) is mine
+    ''')
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert proc.returncode == 0, proc.stderr
+
+
+FLAPPING_SCRIPT = textwrap.dedent('''
+    import sys, time
+    from opentelemetry import metrics, trace
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    endpoint, seconds = sys.argv[1], float(sys.argv[2])
+    tp = TracerProvider()
+    tp.add_span_processor(BatchSpanProcessor(
+        OTLPSpanExporter(endpoint=endpoint + "/v1/traces", timeout=1), schedule_delay_millis=100))
+    trace.set_tracer_provider(tp)
+    reader = PeriodicExportingMetricReader(
+        OTLPMetricExporter(endpoint=endpoint + "/v1/metrics", timeout=1),
+        export_interval_millis=300)
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    from otel_ttft import spans
+    spans.ensure_stage_tagger()
+    tracer = trace.get_tracer("t")
+    end = time.monotonic() + seconds
+    i = 0
+    while time.monotonic() < end:  # bounded: a burst every 50 ms for `seconds`
+        for _ in range(200):
+            tracer.start_span(f"s{i}").end()
+            i += 1
+        time.sleep(0.05)
+    print(i, flush=True)
+''')
+
+
+def test_flapping_collector_drops_are_counted_and_reported_when_it_is_back(tmp_path):
+    from otel_ttft.collector_faults import FlappingCollector
+
+    with FlappingCollector(tmp_path / "store", up_s=1.5, down_s=1.5) as collector:
+        proc = subprocess.run([sys.executable, "-c", FLAPPING_SCRIPT, collector.endpoint, "8"],
+                              capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "PYTHONPATH": os.getcwd()})
+        assert proc.returncode == 0, proc.stderr
+        assert collector.cycles >= 2, "the collector never went down"
+    created = int(proc.stdout.split()[0])
+    received = len(collector.store.spans())
+    assert 0 < received < created  # some batches arrived in up periods, others were dropped
+    dropped = [p for p in collector.store.metric_points()
+               if p["name"] == semconv.METRIC_TELEMETRY_DROPPED]
+    assert dropped, "the drop counter reached the collector in an up period"
+    reasons = {p["attributes"][semconv.ATTR_TELEMETRY_DROP_REASON] for p in dropped}
+    assert reasons <= {semconv.DROP_QUEUE_FULL, semconv.DROP_EXPORT_FAILED,
+                       semconv.DROP_EXIT_DEADLINE}
+    assert {p["attributes"][semconv.ATTR_TELEMETRY_SIGNAL] for p in dropped} <= {"spans",
+                                                                                 "metrics"}
+    assert max(p["value"] for p in dropped) > 0
+    assert "not delivered" in proc.stderr
