@@ -100,20 +100,34 @@ class CountingExporter:
 
     def __init__(self, inner: Any, signal: str) -> None:
         self._inner, self._signal = inner, signal
+        self._in_flight = 0  # items of the export running now
+        self._abandoned = False  # the exit deadline passed during that export: counted there
 
     def export(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        n = _points(batch)
         if _deadline is not None and time.monotonic() >= _deadline:
-            count_dropped(self._signal, semconv.DROP_EXIT_DEADLINE, _points(batch))
+            count_dropped(self._signal, semconv.DROP_EXIT_DEADLINE, n)
             return _failure(self._inner)
+        self._in_flight, self._abandoned = n, False
         try:
             result = self._inner.export(batch, *args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - the SDK would log and drop it too
-            count_dropped(self._signal, semconv.DROP_EXPORT_FAILED, _points(batch), repr(exc))
-            return _failure(self._inner)
-        if getattr(result, "name", "") == "FAILURE":
-            count_dropped(self._signal, semconv.DROP_EXPORT_FAILED, _points(batch),
-                          _endpoint(self._inner))
+            result, detail = _failure(self._inner), repr(exc)
+        else:
+            detail = _endpoint(self._inner)
+        finally:
+            self._in_flight = 0
+        if getattr(result, "name", "") == "FAILURE" and not self._abandoned:
+            count_dropped(self._signal, semconv.DROP_EXPORT_FAILED, n, detail)
         return result
+
+    def abandon(self) -> None:
+        """At the exit deadline: what is being sent now counts as not delivered."""
+        if self._in_flight:
+            self._abandoned = True
+            count_dropped(self._signal, semconv.DROP_EXIT_DEADLINE, self._in_flight)
+        if not getattr(self._inner, "_shutdown", False):  # interrupts retry back-off
+            threading.Thread(target=_quietly, args=(self._inner.shutdown,), daemon=True).start()
 
     def shutdown(self, *args: Any, **kwargs: Any) -> Any:
         return self._inner.shutdown(*args, **kwargs)
@@ -251,6 +265,10 @@ def _register_exit() -> None:
         if _exit_registered:
             return
         _exit_registered = True
+    # vLLM's processes end with the root logger at ERROR: our two lines (first drop, exit summary)
+    # would vanish. A level set on "otel_ttft" by the user still wins.
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.WARNING)
     _quiet_sdk_logs()
     with contextlib.suppress(Exception):
         _drop_counter()  # created now: at exit the meter provider may be shutting down
@@ -292,9 +310,8 @@ def bounded_exit(timeout_s: float | None = None) -> None:
         for batch in _queues:
             left = len(getattr(batch, "_queue", ()))
             count_dropped("spans", semconv.DROP_EXIT_DEADLINE, left)
-        for exporter in _wrapped:  # interrupts retry back-off; a blocked send is abandoned
-            threading.Thread(target=_quietly, args=(exporter._inner.shutdown,), daemon=True
-                             ).start()
+        for exporter in _wrapped:  # a send blocked on a silent collector is left behind
+            exporter.abandon()
     _log_summary(time.monotonic() - start)
 
 

@@ -139,7 +139,7 @@ class InflightTracker(SpanProcessor):
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
                 return
-            tmp = path.with_name(path.name + ".tmp")
+            tmp = path.with_name(f"{path.name}.{threading.get_ident()}.tmp")  # per thread
             tmp.write_text(json.dumps({"process_kind": spans.process_kind,
                                        "model": spans.served_model, "open": chain}))
             os.replace(tmp, path)
@@ -180,10 +180,25 @@ def install(provider: Any) -> None:
         current = trace.get_current_span()
         if current.is_recording() and getattr(current, "name", None) in ACTIVATION_SPAN_NAMES:
             _tracker.on_start(current)
+    _remove_stale_state()
     _register_gauge()
     _start_snapshots()
     _install_fatal_signal_handlers()
     atexit.register(_forget_published)
+
+
+_STALE_S = 24 * 3600
+
+
+def _remove_stale_state() -> None:
+    """Files left by processes killed together with their parents (nobody read them)."""
+    cutoff = time.time() - _STALE_S
+    with contextlib.suppress(OSError):
+        for path in state_dir().glob("otel-ttft-*.json"):
+            if path.name.startswith(("otel-ttft-open-", "otel-ttft-failed-")):
+                with contextlib.suppress(OSError):
+                    if path.stat().st_mtime < cutoff:
+                        path.unlink()
 
 
 def _forget_published() -> None:

@@ -319,3 +319,17 @@ def test_flapping_collector_drops_are_counted_and_reported_when_it_is_back(tmp_p
                                                                                  "metrics"}
     assert max(p["value"] for p in dropped) > 0
     assert "not delivered" in proc.stderr
+
+
+def test_state_files_left_by_killed_process_trees_are_removed_after_a_day(tmp_path, monkeypatch):
+    monkeypatch.setattr(inflight, "state_dir", lambda: tmp_path)
+    old = tmp_path / "otel-ttft-open-999999.json"
+    fresh = tmp_path / "otel-ttft-failed-0123.json"
+    other = tmp_path / "otel-ttft-1-wake_up.json"  # handoff's, not ours
+    for path in (old, fresh, other):
+        path.write_text("{}")
+    two_days_ago = time.time() - 2 * 86400
+    os.utime(old, (two_days_ago, two_days_ago))
+    os.utime(other, (two_days_ago, two_days_ago))
+    inflight._remove_stale_state()
+    assert not old.exists() and fresh.exists() and other.exists()
