@@ -159,20 +159,26 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"round {rnd} {arm:>8}: healthy after {res['up']:6.1f} s, request "
                       f"{res['request'] * 1e3:6.1f} ms, exit {res['exit']:5.2f} s "
                       f"(code {res['code']}), not delivered {res['dropped'] or '-'}", flush=True)
-        base = {k: statistics.median(r[k] for r in results[arms[0]]) for k in ("up", "request",
-                                                                               "exit")}
-        print(f"\nratios to {arms[0]}; exit is the extra seconds over it")
-        print("arm       start (s)  ratio   request (ms)  ratio   exit (s)  extra  not delivered")
+        med = {arm: {k: statistics.median(r[k] for r in runs) for k in ("up", "request", "exit")}
+               for arm, runs in results.items()}
+        worst = {arm: max(r["exit"] for r in runs) for arm, runs in results.items()}
+        ref = "live" if "live" in med else arms[0]
+        base = med["plain"] if "plain" in med else med[ref]
+        print(f"\nmedians; ratios to plain vLLM and to instrumented with a live collector ({ref}); "
+              "exit: median and worst, seconds over plain's median")
+        print("arm       start (s) /plain /live  request (ms) /plain /live  exit med  worst  "
+              "not delivered (all rounds)")
         for arm, runs in results.items():
-            med = {k: statistics.median(r[k] for r in runs) for k in ("up", "request", "exit")}
-            worst_exit = max(r["exit"] for r in runs)
+            m = med[arm]
             dropped: dict[str, int] = {}
             for r in runs:
                 for key, n in r["dropped"].items():
                     dropped[key] = dropped.get(key, 0) + n
-            print(f"{arm:<8} {med['up']:9.1f}  {med['up'] / base['up']:5.2f}  "
-                  f"{med['request'] * 1e3:12.1f}  {med['request'] / base['request']:5.2f}  "
-                  f"{worst_exit:8.2f}  {worst_exit - base['exit']:+5.2f}  {dropped or '-'}")
+            print(f"{arm:<8} {m['up']:9.1f} {m['up'] / base['up']:6.2f} "
+                  f"{m['up'] / med[ref]['up']:5.2f}  {m['request'] * 1e3:12.1f} "
+                  f"{m['request'] / base['request']:6.2f} {m['request'] / med[ref]['request']:5.2f}"
+                  f"  {m['exit'] - base['exit']:+8.2f} {worst[arm] - base['exit']:+6.2f}"
+                  f"  {dropped or '-'}")
         if args.soak_s > 0:
             log = Path(tmp) / f"soak-{args.soak_arm}.log"
             res = soak(model, endpoints[args.soak_arm], extra, log, args.soak_s)
