@@ -287,3 +287,25 @@ METRIC_ACTIVATION_STAGE_LAST_DURATION = "ttft.activation.stage.last_duration"  #
 # Fraction of this process's torch.compile spans in its latest activation that hit the cache
 # (ttft.compile.cache_hit); a gauge for the same reason.
 METRIC_ACTIVATION_COMPILE_CACHE_HIT_RATIO = "ttft.activation.compile.cache_hit_ratio"  # gauge, 1
+
+# --- issue 11: failures, hangs and an unreachable collector ---------------------------------------
+ATTR_ACTIVATION_FAILED_STAGE = "ttft.activation.failed_stage"  # stage the activation died in
+ATTR_SPAN_UNFINISHED = "ttft.span.unfinished"  # True on a snapshot copy of a span still open
+ATTR_SPAN_ENDED_BY = "ttft.span.ended_by"  # process_exit | SIGTERM | ... | parent: not by vLLM
+EVENT_CHILD_DIED = "child process died"  # on the parent's span that was waiting for it
+ATTR_CHILD_PID = "ttft.child.pid"
+ATTR_CHILD_EXIT_CODE = "ttft.child.exit_code"
+ATTR_CHILD_SIGNAL = "ttft.child.signal"  # SIGKILL, ... when a signal ended it
+ATTR_CHILD_STAGE = "ttft.child.stage"  # the stage the child was in when it died
+ATTR_CHILD_SPAN = "ttft.child.span"  # the innermost span it had open
+METRIC_ACTIVATION_STAGE_IN_PROGRESS = "ttft.activation.stage.in_progress"  # gauge, s in stage
+METRIC_TELEMETRY_DROPPED = "ttft.telemetry.dropped"  # counter: spans / metric points not sent
+ATTR_TELEMETRY_SIGNAL = "ttft.telemetry.signal"  # spans | metrics
+ATTR_TELEMETRY_DROP_REASON = "ttft.telemetry.drop_reason"  # queue_full|export_failed|exit_deadline
+DROP_QUEUE_FULL = "queue_full"
+DROP_EXPORT_FAILED = "export_failed"
+DROP_EXIT_DEADLINE = "exit_deadline"
+ENV_EXIT_TIMEOUT_MS = "OTEL_TTFT_EXIT_TIMEOUT_MS"  # final flush deadline per process
+DEFAULT_EXIT_TIMEOUT_MS = 500
+ENV_SNAPSHOT_AFTER_S = "OTEL_TTFT_SNAPSHOT_AFTER_S"  # export open spans after this long; 0: off
+DEFAULT_SNAPSHOT_AFTER_S = 60.0

@@ -83,6 +83,11 @@ def ensure_stage_tagger() -> None:
         return
     _tagged_providers.add(id(provider))
     provider.add_span_processor(StageTagger())
+    # Issue 11: open activation spans are tracked (hangs, crashes) and exit is bounded.
+    from otel_ttft import bounded_export, inflight
+
+    inflight.install(provider)
+    bounded_export.harden(provider)
 
 
 def _initial_environ() -> dict[str, str]:
@@ -123,6 +128,10 @@ def flush_async() -> None:
         threading.Thread(target=flush, name="otel-ttft-flush", daemon=True).start()
 
 
+# Set by inflight.install: told when a span gets its stage after it started.
+on_staged: Any = None
+
+
 def tag_span(span: Span, stage: str | None, attributes: Mapping[str, Any] | None) -> None:
     if stage is not None:
         span.set_attribute(semconv.ATTR_STAGE, stage)
@@ -130,6 +139,8 @@ def tag_span(span: Span, stage: str | None, attributes: Mapping[str, Any] | None
         span.set_attribute(semconv.ATTR_PROCESS_KIND, process_kind)
     if attributes:
         span.set_attributes({k: v for k, v in attributes.items() if v is not None})
+    if stage is not None and on_staged is not None:
+        on_staged(span)
 
 
 @contextmanager
@@ -147,7 +158,9 @@ def stage_span(name: str, stage: str | None, *, enrich: str | None = None,
         tag_span(current, stage, attributes)
         yield current
         return
-    span = _tracer.start_span(name, context=context, start_time=clock.now_ns())
+    # The stage goes in at start: span processors (the in-flight tracker) see it on_start.
+    span = _tracer.start_span(name, context=context, start_time=clock.now_ns(),
+                              attributes={semconv.ATTR_STAGE: stage} if stage else None)
     tag_span(span, stage, attributes)
     token = otel_context.attach(trace.set_span_in_context(span))
     try:

@@ -85,6 +85,15 @@ KEY_NUMBERS: tuple[tuple[str, Callable[[Any], str | None]], ...] = (
     (semconv.ATTR_KV_BLOCKS, _fmt("kv blocks ", _int)),
     (semconv.ATTR_KV_BYTES, _fmt("kv ", format_bytes)),
     (semconv.ATTR_HOOK_ERROR, _text("hook error: ")),
+    # issue 11: what failed or is still running
+    (semconv.ATTR_SPAN_UNFINISHED, lambda v: "UNFINISHED (still open at this snapshot)"
+     if v is True else None),
+    (semconv.ATTR_ACTIVATION_FAILED_STAGE, _text("FAILED in ")),
+    (semconv.ATTR_CHILD_PID, _fmt("child pid ", _int)),
+    (semconv.ATTR_CHILD_EXIT_CODE, _fmt("exit code ", _int)),
+    (semconv.ATTR_CHILD_SIGNAL, _text("killed by ")),
+    (semconv.ATTR_CHILD_STAGE, _text("child died in ")),
+    (semconv.ATTR_SPAN_ENDED_BY, _text("ended by ")),
 )
 
 

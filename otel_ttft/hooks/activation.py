@@ -19,7 +19,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanContext, Status, StatusCode
 
-from otel_ttft import clock, handoff, semconv, spans
+from otel_ttft import clock, handoff, inflight, semconv, spans
 from otel_ttft.hooks.registry import Hook, guard_async
 
 API_SERVER, ENGINE_CORE, WORKER = "api_server", "engine_core", "worker"
@@ -121,10 +121,24 @@ def end_root(error: BaseException | None = None) -> None:
     root.set_attribute(semconv.ATTR_ACTIVATION_READY, error is None)
     if error is not None:
         root.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+        mark_failed_stage(root)
     else:
         if _last is not None:
             _last.ready_ns = end
     root.end(end_time=end)
+
+
+def mark_failed_stage(root: trace.Span) -> None:
+    """The stage the activation died in: recorded by whichever process failed first (a child's
+    own error, or a parent that saw its child killed), else the innermost one still open here."""
+    record = inflight.take_failure(root.get_span_context().trace_id)
+    stage = record.get("stage") if record else None
+    if not stage:
+        tracker = inflight.tracker()
+        inner = tracker.innermost() if tracker is not None else None
+        stage = inflight.span_stage(inner) if inner is not None else None
+    if stage:
+        root.set_attribute(semconv.ATTR_ACTIVATION_FAILED_STAGE, str(stage))
 
 
 def _under_root() -> object | None:
@@ -285,6 +299,7 @@ def _wake_activation(process_kind: str) -> Iterator[trace.Span]:
         root.set_attribute(semconv.ATTR_ACTIVATION_READY, error is None)
         if error is not None:
             root.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+            mark_failed_stage(root)
         _last = Activation("wake", root.get_span_context(), start, end)
         root.end(end_time=end)
 

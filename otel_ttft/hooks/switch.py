@@ -26,14 +26,13 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from otel_ttft import clock, handoff, semconv, spans
+from otel_ttft import bounded_export, clock, handoff, semconv, spans
 from otel_ttft.hooks.registry import Hook, guard_async
 
 logger = logging.getLogger("otel_ttft")
 
 WAIT_S = 120.0  # longest wait for the engine processes; the span says how many were left
 POLL_S = 0.01
-FLUSH_MS = 3000  # bound on the export before exit
 EXIT_WAIT_S = 10.0  # at interpreter exit, how long the span may still wait for the children
 API_EXIT_WAIT_S = 30.0  # engine gone: how long to wait for this process to reach its exit
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -77,7 +76,8 @@ class _Eviction:
             self.done.set()
         flush = getattr(trace.get_tracer_provider(), "force_flush", None)
         if flush is not None:
-            flush(FLUSH_MS)
+            # The process is about to exit: the same deadline as every exit flush (issue 11).
+            flush(int(bounded_export.exit_timeout_s() * 1000))
 
     def at_exit(self) -> None:
         """The interpreter is exiting: the span ends now (children permitting), exported."""

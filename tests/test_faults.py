@@ -1,0 +1,335 @@
+"""Failures without vLLM: an unreachable or silent collector at exit, open spans of a hang, a child
+killed while it loads. Real SDK exporters and real processes; the vLLM versions of these are in
+test_faults_vllm.py."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.trace import StatusCode
+
+from otel_ttft import inflight, semconv, spans
+from otel_ttft.analysis.traces import build_trees
+from otel_ttft.collector_faults import SilentCollector
+from otel_ttft.hooks import fault
+from otel_ttft.replay.server import free_port
+from otel_ttft.sink.otlp_decode import decode_trace_request
+from tests.otel_memory import memory_exporter
+
+EXIT_SCRIPT = textwrap.dedent('''
+    import sys, time
+    from opentelemetry import metrics, trace
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    endpoint = sys.argv[1]
+    tp = TracerProvider()
+    tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint + "/v1/traces")))
+    trace.set_tracer_provider(tp)
+    reader = PeriodicExportingMetricReader(
+        OTLPMetricExporter(endpoint=endpoint + "/v1/metrics"), export_interval_millis=60000)
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+
+    from otel_ttft import spans
+    spans.ensure_stage_tagger()
+    tracer = trace.get_tracer("t")
+    for i in range(3000):  # more than the SDK's queue (2048): the overflow is counted too
+        tracer.start_span(f"s{i}").end()
+    metrics.get_meter("t").create_counter("c").add(1)
+    print("ready", flush=True)
+''')
+
+
+@pytest.mark.parametrize("collector", ["dead", "silent"])
+def test_exit_is_bounded_and_drops_are_counted_once(collector, tmp_path):
+    """Unbounded, the SDK waits 10 s per batch against a silent collector (30 s and more here);
+    the generous bound below only asks that the exit ended at all."""
+    with SilentCollector() as silent:
+        endpoint = silent.endpoint if collector == "silent" else f"http://127.0.0.1:{free_port()}"
+        started = time.monotonic()
+        proc = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, endpoint], capture_output=True,
+                              text=True, timeout=25, env={**os.environ, "PYTHONPATH": os.getcwd()})
+        elapsed = time.monotonic() - started
+    assert proc.returncode == 0, proc.stderr
+    assert "ready" in proc.stdout
+    lines = proc.stderr.splitlines()
+    first = [line for line in lines if "not reaching the collector" in line]
+    summary = [line for line in lines if "of final flush; not delivered" in line]
+    assert len(first) == 1 and len(summary) == 1, proc.stderr
+    assert "spans (queue_full)" in summary[0]
+    assert "spans (exit_deadline)" in summary[0] or "spans (export_failed)" in summary[0]
+    # Each SDK message at most once per exporter, traces and metrics (the SDK alone logs one per
+    # failed attempt of every batch).
+    sdk = Counter(line for line in lines if "otel-ttft" not in line and line.strip())
+    assert max(sdk.values(), default=0) <= 2, sdk
+    print(f"{collector}: exit after {elapsed:.1f} s; {summary[0]}")
+
+
+def _stage_spans():
+    memory_exporter()
+    spans.ensure_stage_tagger()
+    return inflight.tracker()
+
+
+def test_open_spans_give_the_in_progress_stage_and_an_unfinished_snapshot():
+    exporter = memory_exporter()
+    tracker = _stage_spans()
+    exporter.clear()
+    tracer = spans.tracer()
+    root = tracer.start_span(semconv.SPAN_ACTIVATION)
+    with trace.use_span(root), \
+            spans.stage_span("Load weights", semconv.STAGE_LOAD), \
+            spans.stage_span(semconv.SPAN_SHARD_READ, semconv.STAGE_LOAD_READ) as shard:
+        assert tracker.innermost() is shard
+        (obs,) = inflight._observe()
+        assert obs.attributes[semconv.ATTR_STAGE] == semconv.STAGE_LOAD_READ
+        assert obs.value >= 0
+        published = inflight.read_published(os.getpid())
+        assert [c["name"] for c in published["open"]] == [
+            semconv.SPAN_ACTIVATION, "Load weights", semconv.SPAN_SHARD_READ]
+        assert inflight.export_snapshot() == 3
+        copies = exporter.get_finished_spans()
+        assert {s.name for s in copies} == {semconv.SPAN_ACTIVATION, "Load weights",
+                                            semconv.SPAN_SHARD_READ}
+        assert all(s.attributes[semconv.ATTR_SPAN_UNFINISHED] is True for s in copies)
+    root.end()
+    assert inflight._observe() == []
+    assert inflight.read_published(os.getpid()) is None
+    # The real spans came after their copies: a store that keeps the last copy shows them done.
+    finished = [_as_dict(s) for s in exporter.get_finished_spans()]
+    (tree,) = build_trees(finished).values()
+    assert all(semconv.ATTR_SPAN_UNFINISHED not in n.attributes for n in tree[0].walk())
+
+
+def test_open_spans_end_with_an_error_and_name_the_failed_stage():
+    exporter = memory_exporter()
+    _stage_spans()
+    exporter.clear()
+    root = spans.tracer().start_span(semconv.SPAN_ACTIVATION)
+    token = trace.use_span(root)
+    token.__enter__()
+    kv = spans.tracer().start_span(semconv.SPAN_KV_ALLOC,
+                                   attributes={semconv.ATTR_STAGE: semconv.STAGE_WARMUP_KV_ALLOC})
+    assert inflight.end_open_spans("process received SIGTERM", "SIGTERM") == 2
+    token.__exit__(None, None, None)
+    by_name = {s.name: s for s in exporter.get_finished_spans()}
+    assert by_name[semconv.SPAN_KV_ALLOC].status.status_code is StatusCode.ERROR
+    got = by_name[semconv.SPAN_ACTIVATION]
+    assert got.attributes[semconv.ATTR_ACTIVATION_READY] is False
+    assert got.attributes[semconv.ATTR_ACTIVATION_FAILED_STAGE] == semconv.STAGE_WARMUP_KV_ALLOC
+    assert got.attributes[semconv.ATTR_SPAN_ENDED_BY] == "SIGTERM"
+    failure = inflight.take_failure(kv.get_span_context().trace_id)
+    assert failure["stage"] == semconv.STAGE_WARMUP_KV_ALLOC
+    assert inflight.take_failure(kv.get_span_context().trace_id) is None  # read once
+
+
+def _child_loads_forever(parent_traceparent: str) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    trace.set_tracer_provider(TracerProvider())
+    spans.ensure_stage_tagger()
+    spans.process_kind = "worker"
+    ctx = TraceContextTextMapPropagator().extract({"traceparent": parent_traceparent})
+    with spans.stage_span("Load weights", semconv.STAGE_LOAD, context=ctx), \
+            spans.stage_span(semconv.SPAN_SHARD_READ, semconv.STAGE_LOAD_READ):
+        time.sleep(600)
+
+
+def test_a_child_killed_while_loading_is_reported_by_its_parent():
+    exporter = memory_exporter()
+    _stage_spans()
+    exporter.clear()
+    with spans.tracer().start_as_current_span("Executor init") as parent:
+        carrier: dict[str, str] = {}
+        from opentelemetry.propagate import inject
+
+        inject(carrier)
+        child = multiprocessing.get_context("spawn").Process(
+            target=_child_loads_forever, args=(carrier["traceparent"],))
+        child.start()
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                state = inflight.read_published(child.pid)
+                if state and len(state["open"]) == 2:
+                    break
+                time.sleep(0.1)
+            else:
+                pytest.fail("the child never published its open spans")
+            os.kill(child.pid, signal.SIGKILL)
+            assert fault.report_dead_children([child], "worker") == 1
+        finally:
+            child.kill()
+            child.join(10)
+        trace_id = parent.get_span_context().trace_id
+    by_name = {s.name: s for s in exporter.get_finished_spans()}
+    shard = by_name[semconv.SPAN_SHARD_READ]
+    assert shard.status.status_code is StatusCode.ERROR
+    assert "SIGKILL" in shard.status.description
+    assert shard.attributes[semconv.ATTR_SPAN_ENDED_BY] == "parent"
+    assert shard.parent.span_id == by_name["Load weights"].context.span_id
+    assert by_name["Load weights"].parent.span_id == parent.get_span_context().span_id
+    got = by_name["Executor init"]
+    (event,) = [e for e in got.events if e.name == semconv.EVENT_CHILD_DIED]
+    assert event.attributes[semconv.ATTR_CHILD_SIGNAL] == "SIGKILL"
+    assert event.attributes[semconv.ATTR_CHILD_STAGE] == semconv.STAGE_LOAD_READ
+    assert event.attributes[semconv.ATTR_CHILD_PID] == child.pid
+    assert got.status.status_code is StatusCode.ERROR
+    assert inflight.take_failure(trace_id)["stage"] == semconv.STAGE_LOAD_READ
+    assert inflight.read_published(child.pid) is None, "the parent removes the child's file"
+
+
+def _as_dict(span) -> dict:
+    """An SDK span as the store keeps it, through the real OTLP encoder and our decoder."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    (decoded,) = decode_trace_request(encode_spans([span]))
+    return decoded
+
+
+def test_snapshot_deadline_setting_is_read_with_a_fallback(monkeypatch):
+    monkeypatch.setenv(semconv.ENV_SNAPSHOT_AFTER_S, "2.5")
+    assert inflight.snapshot_after_s() == 2.5
+    monkeypatch.setenv(semconv.ENV_SNAPSHOT_AFTER_S, "soon")
+    assert inflight.snapshot_after_s() == semconv.DEFAULT_SNAPSHOT_AFTER_S
+    assert json.dumps(inflight.snapshot_after_s())
+
+
+SIGNAL_SCRIPT = textwrap.dedent('''
+    import os, signal, sys
+    from opentelemetry import trace
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    tp = TracerProvider()
+    tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=sys.argv[1] + "/v1/traces")))
+    trace.set_tracer_provider(tp)
+    from otel_ttft import semconv, spans
+    spans.ensure_stage_tagger()
+    assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL, "no handler installed"
+    root = spans.tracer().start_span(semconv.SPAN_ACTIVATION)
+    with trace.use_span(root), spans.stage_span("Load weights", semconv.STAGE_LOAD):
+        os.kill(os.getpid(), signal.SIGTERM)
+        signal.pause()
+''')
+
+
+def test_sigterm_without_a_handler_ends_and_flushes_open_spans(receiver):
+    """The default action would kill the process with its spans; ours ends them, flushes, and
+    then dies of the same signal."""
+    proc = subprocess.run([sys.executable, "-c", SIGNAL_SCRIPT, receiver.http_endpoint],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert proc.returncode == -signal.SIGTERM, proc.stderr
+    spans_ = receiver.wait_for_spans(lambda s: len(s) >= 2, 10)
+    by_name = {s["name"]: s for s in spans_}
+    for name in (semconv.SPAN_ACTIVATION, "Load weights"):
+        assert by_name[name]["status"]["code"] == "ERROR"
+        assert by_name[name]["attributes"][semconv.ATTR_SPAN_ENDED_BY] == "SIGTERM"
+    root = by_name[semconv.SPAN_ACTIVATION]["attributes"]
+    assert root[semconv.ATTR_ACTIVATION_READY] is False
+    assert root[semconv.ATTR_ACTIVATION_FAILED_STAGE] == semconv.STAGE_LOAD
+
+
+def test_an_installed_sigterm_handler_is_left_alone():
+    script = textwrap.dedent('''
+        import signal
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        def mine(*_): pass
+        signal.signal(signal.SIGTERM, mine)
+        trace.set_tracer_provider(TracerProvider())
+        from otel_ttft import spans
+        spans.ensure_stage_tagger()
+        assert signal.getsignal(signal.SIGTERM) is mine
+    ''')
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert proc.returncode == 0, proc.stderr
+
+
+FLAPPING_SCRIPT = textwrap.dedent('''
+    import sys, time
+    from opentelemetry import metrics, trace
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    endpoint, seconds = sys.argv[1], float(sys.argv[2])
+    tp = TracerProvider()
+    tp.add_span_processor(BatchSpanProcessor(
+        OTLPSpanExporter(endpoint=endpoint + "/v1/traces", timeout=1), schedule_delay_millis=100))
+    trace.set_tracer_provider(tp)
+    reader = PeriodicExportingMetricReader(
+        OTLPMetricExporter(endpoint=endpoint + "/v1/metrics", timeout=1),
+        export_interval_millis=300)
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    from otel_ttft import spans
+    spans.ensure_stage_tagger()
+    tracer = trace.get_tracer("t")
+    end = time.monotonic() + seconds
+    i = 0
+    while time.monotonic() < end:  # bounded: a burst every 50 ms for `seconds`
+        for _ in range(200):
+            tracer.start_span(f"s{i}").end()
+            i += 1
+        time.sleep(0.05)
+    print(i, flush=True)
+''')
+
+
+def test_flapping_collector_drops_are_counted_and_reported_when_it_is_back(tmp_path):
+    from otel_ttft.collector_faults import FlappingCollector
+
+    with FlappingCollector(tmp_path / "store", up_s=1.5, down_s=1.5) as collector:
+        proc = subprocess.run([sys.executable, "-c", FLAPPING_SCRIPT, collector.endpoint, "8"],
+                              capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "PYTHONPATH": os.getcwd()})
+        assert proc.returncode == 0, proc.stderr
+        assert collector.cycles >= 2, "the collector never went down"
+    created = int(proc.stdout.split()[0])
+    received = len(collector.store.spans())
+    assert 0 < received < created  # some batches arrived in up periods, others were dropped
+    dropped = [p for p in collector.store.metric_points()
+               if p["name"] == semconv.METRIC_TELEMETRY_DROPPED]
+    assert dropped, "the drop counter reached the collector in an up period"
+    reasons = {p["attributes"][semconv.ATTR_TELEMETRY_DROP_REASON] for p in dropped}
+    assert reasons <= {semconv.DROP_QUEUE_FULL, semconv.DROP_EXPORT_FAILED,
+                       semconv.DROP_EXIT_DEADLINE}
+    assert {p["attributes"][semconv.ATTR_TELEMETRY_SIGNAL] for p in dropped} <= {"spans",
+                                                                                 "metrics"}
+    assert max(p["value"] for p in dropped) > 0
+    assert "not delivered" in proc.stderr
+
+
+def test_state_files_left_by_killed_process_trees_are_removed_after_a_day(tmp_path, monkeypatch):
+    monkeypatch.setattr(inflight, "state_dir", lambda: tmp_path)
+    old = tmp_path / "otel-ttft-open-999999.json"
+    fresh = tmp_path / "otel-ttft-failed-0123.json"
+    other = tmp_path / "otel-ttft-1-wake_up.json"  # handoff's, not ours
+    for path in (old, fresh, other):
+        path.write_text("{}")
+    two_days_ago = time.time() - 2 * 86400
+    os.utime(old, (two_days_ago, two_days_ago))
+    os.utime(other, (two_days_ago, two_days_ago))
+    inflight._remove_stale_state()
+    assert not old.exists() and fresh.exists() and other.exists()
