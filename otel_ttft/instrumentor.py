@@ -11,7 +11,7 @@ from typing import Any
 from opentelemetry.instrumentation.dependencies import DependencyConflict, get_dependency_conflicts
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
-from otel_ttft import semconv
+from otel_ttft import ids, semconv
 from otel_ttft.hooks import all_hooks
 from otel_ttft.hooks.registry import HookSet
 from otel_ttft.package import _instruments_any
@@ -39,6 +39,7 @@ class VllmTTFTInstrumentor(BaseInstrumentor):
         return get_dependency_conflicts((), _instruments_any)
 
     def _instrument(self, **kwargs: Any) -> None:
+        ids.install()
         self._hooks = HookSet(all_hooks())
         self._hooks.apply(disabled=disabled_hook_names())
 
@@ -49,6 +50,7 @@ class VllmTTFTInstrumentor(BaseInstrumentor):
 
             remove_signal_chain()
             self._hooks = None
+        ids.uninstall()
 
 
 def instrument_once() -> VllmTTFTInstrumentor:
