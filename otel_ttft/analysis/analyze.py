@@ -56,7 +56,11 @@ def analyze(collected: Collected, *, baseline: str | None = None, run_id: str | 
             f"{len(runs)} replay runs with different client settings (client, sampling, "
             f"concurrency or prompts) cannot be compared; pick one with --run "
             f"({', '.join(sorted(runs))})")
-    requests = [r for r in collected.requests if run_id is None or r.run_id == run_id]
+    # A replay's own warm-up requests (and other traffic) are not part of its scenarios.
+    replayed = bool(runs) or any(r.scenario for r in collected.requests)
+    requests = [r for r in collected.requests
+                if (run_id is None or r.run_id == run_id) and (r.scenario or not replayed)]
+    ignored = len(collected.requests) - len(requests)
     records, errors = [], []
     for request in sorted(requests, key=lambda r: r.start_ns):
         if request.error is not None:
@@ -81,7 +85,7 @@ def analyze(collected: Collected, *, baseline: str | None = None, run_id: str | 
         "driver": None, "models": sorted({r["model"] for r in records if r["model"]}),
         "repeat": None}
     return {"schema": SCHEMA, "source": source, "run": run, "requests": records,
-            "errors": errors, "scenarios": scenarios,
+            "errors": errors, "ignored_requests": ignored, "scenarios": scenarios,
             "baseline": baseline or (semconv.SCENARIO_SHORT_PROMPT
                                      if semconv.SCENARIO_SHORT_PROMPT in scenarios else None),
             "verdicts": verdicts}

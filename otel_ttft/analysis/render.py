@@ -29,7 +29,7 @@ MAX_ROWS = 12  # per scenario table: the slowest requests; the JSON has every on
 
 def print_analysis(doc: dict, out: TextIO, *, width: int | None = None,
                    max_rows: int = MAX_ROWS) -> None:
-    console = Console(file=out, width=width or 140, highlight=False, soft_wrap=False,
+    console = Console(file=out, width=width or 150, highlight=False, soft_wrap=False,
                       force_terminal=False, color_system=None)
     run = doc.get("run") or {}
     if run.get("run_id"):
@@ -50,11 +50,11 @@ def print_analysis(doc: dict, out: TextIO, *, width: int | None = None,
                             f"{_seconds(summary['ttft_p50_s'])})", title_justify="left",
                       box=box.SIMPLE_HEAD, pad_edge=False)
         table.add_column("request", no_wrap=True)
-        table.add_column("model", overflow="fold")
-        table.add_column("tokens", justify="right")
-        table.add_column("client TTFT", justify="right")
+        table.add_column("model", no_wrap=True, overflow="ellipsis", max_width=24)
+        table.add_column("tokens", justify="right", no_wrap=True)
+        table.add_column("TTFT", justify="right", no_wrap=True)
         for stage in PIPELINE:
-            table.add_column(stage, justify="right")
+            table.add_column(stage, justify="right", no_wrap=True)
         table.add_column("largest sub-stage", no_wrap=True)
         for r in rows:
             top = max(r["substages"].items(), key=lambda kv: kv[1], default=None)
@@ -69,6 +69,9 @@ def print_analysis(doc: dict, out: TextIO, *, width: int | None = None,
         table.add_row("p50", "", "", _seconds(summary["ttft_p50_s"]),
                       *(_seconds(summary["stages_p50"][s]) for s in PIPELINE), "")
         console.print(table)
+    if doc.get("ignored_requests"):
+        console.print(f"({doc['ignored_requests']} requests outside the replay's scenarios, e.g. "
+                      "its warm-up requests, are not counted)")
     for error in doc.get("errors") or []:
         console.print(f"failed request {error['trace_id'][:8]} ({error['scenario']}): "
                       f"{error['error']}")
