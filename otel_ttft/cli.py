@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -143,13 +144,14 @@ def _analyze(args: argparse.Namespace) -> int:
         print(f"otel-ttft analyze: no requests with a first token in {args.source} "
               f"({collected.spans} spans read)", file=sys.stderr)
         return 2
-    print_analysis(doc, sys.stdout)
-    if args.json:
+    if args.json:  # first: a reader that stops reading the table must not cost the file
         try:
             write_json(Path(args.json), doc)
         except OSError as exc:
             print(f"otel-ttft analyze: cannot write {args.json}: {exc}", file=sys.stderr)
             return 2
+    print_analysis(doc, sys.stdout)
+    if args.json:
         print(f"wrote {args.json}")
     return 0
 
@@ -338,7 +340,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] == "doctor":  # its options are its own
         return _doctor(argv[1:])
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except BrokenPipeError:  # `otel-ttft ... | head`: the reader left; no traceback
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":
