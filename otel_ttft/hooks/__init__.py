@@ -6,9 +6,10 @@ from otel_ttft.hooks.registry import Hook
 
 
 def all_hooks() -> list[Hook]:
-    from otel_ttft.hooks import activation, load, rpc, warmup
+    from otel_ttft.hooks import activation, load, load_finish, load_formats, rpc, warmup
 
-    hooks = [*activation.HOOKS, *load.HOOKS, *warmup.HOOKS, *rpc.HOOKS]
+    hooks = [*activation.HOOKS, *load.HOOKS, *load_formats.HOOKS, *load_finish.HOOKS,
+             *warmup.HOOKS, *rpc.HOOKS]
     try:
         from otel_ttft.hooks import request
     except ImportError:

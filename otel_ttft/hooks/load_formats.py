@@ -1,0 +1,199 @@
+"""Shard reads of the load formats other than the default single-threaded safetensors reader.
+
+- multi-threaded safetensors (``enable_multithread_load``): each ``load_file`` in a reader thread
+  is one shard span; they overlap.
+- PyTorch ``.bin``/``.pt`` (both iterators): each ``torch.load`` of a checkpoint file during a
+  weights pass is one shard span; outside a pass ``torch.load`` is left alone.
+- ``runai_streamer``: the streamer reads every file at once in its own threads; a file's span runs
+  from ``stream_files`` to the delivery of its last tensor, so spans overlap.
+- ``sharded_state``: vLLM reads its files one after another; we hand its iterator one file at a
+  time, so each file's reads are one span.
+Loaders without a ``Load weights`` span of their own (runai_streamer, sharded_state, tensorizer)
+get ours, so that their totals and storage evidence have the same home.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from typing import Any
+
+from otel_ttft import clock, semconv, spans
+from otel_ttft.hooks import load_shards
+from otel_ttft.hooks.load_shards import ShardRead
+from otel_ttft.hooks.registry import Hook, report_failure
+
+_ML = "vllm.model_executor.model_loader"
+_RUNAI = "runai_model_streamer.safetensors_streamer.safetensors_streamer"
+
+
+def _wrap_load_file(call, instance, args, kwargs):
+    """safetensors ``load_file`` in a reader thread: the whole call is the read."""
+    if load_shards.current() is None:
+        return call(*args, **kwargs)
+    shard = ShardRead(os.fspath(args[0] if args else kwargs["filename"]), "safetensors",
+                      "threads")
+    shard.start()
+    t0 = time.perf_counter()
+    try:
+        result = call(*args, **kwargs)
+    finally:
+        shard.read_s = time.perf_counter() - t0
+        shard.finish()
+    shard_tensors(shard, result)
+    return result
+
+
+def shard_tensors(shard: ShardRead, result: Any) -> None:
+    with contextlib.suppress(TypeError):
+        shard.tensors = len(result)
+
+
+def _wrap_torch_load(call, instance, args, kwargs):
+    """``torch.load`` of a checkpoint file while a weights pass runs (either pt iterator)."""
+    target = args[0] if args else kwargs.get("f")
+    if load_shards.current() is None or not isinstance(target, (str, os.PathLike)):
+        return call(*args, **kwargs)
+    shard = ShardRead(os.fspath(target), "pt", "torch.load")
+    shard.start()
+    t0 = time.perf_counter()
+    try:
+        result = call(*args, **kwargs)
+    finally:
+        shard.read_s = time.perf_counter() - t0
+        shard.finish()
+    shard_tensors(shard, result)
+    return result
+
+
+# --- Run:ai streamer -----------------------------------------------------------------------------
+
+def _wrap_stream_files(call, instance, args, kwargs):
+    """Residency is taken before the streamer starts; the spans start with the request."""
+    paths = list(args[0] if args else kwargs.get("paths", ()))
+    local = [p for p in paths if isinstance(p, str) and "://" not in p]
+    reads = [ShardRead(p, "safetensors", "runai_streamer") for p in local]
+    start_ns = clock.now_ns()
+    result = call(*args, **kwargs)
+    for read in reads:
+        read.start_ns = start_ns
+        read.start()
+    instance._otel_ttft_reads = {i: r for i, r in enumerate(reads) if paths[i] in local}
+    return result
+
+
+def _wrap_get_tensors(call, instance, args, kwargs):
+    reads = getattr(instance, "_otel_ttft_reads", None)
+    inner = call(*args, **kwargs)
+    if not reads:
+        return inner
+    return _streamed(inner, instance, reads)
+
+
+def _streamed(inner, instance, reads: dict[int, ShardRead]):
+    """A file's span ends when its last tensor arrives; read seconds are the span itself."""
+    try:
+        owner, left = {}, {}
+        for index, metas in instance.files_to_tensors_metadata.items():
+            left[index] = len(metas)
+            owner.update({m.name: index for m in metas})
+    except Exception as exc:  # noqa: BLE001
+        report_failure(GET_TENSORS, exc)
+        yield from inner
+        return
+    try:
+        for name, tensor in inner:
+            index = owner.get(name)
+            read = reads.get(index)
+            if read is not None:
+                read.tensors += 1
+                left[index] -= 1
+                if left[index] == 0:
+                    _end_stream(read)
+            yield name, tensor
+    finally:
+        for read in reads.values():
+            _end_stream(read)  # an interrupted load still closes its spans
+        instance._otel_ttft_reads = None
+
+
+def _end_stream(read: ShardRead) -> None:
+    if read.span is None:
+        return
+    end_ns = clock.now_ns()
+    read.read_s = (end_ns - read.start_ns) / 1e9
+    read.finish(end_ns)
+
+
+# --- loaders without a "Load weights" span ------------------------------------------------------
+
+def _weights_pass(reader: str):
+    def wrapper(call, instance, args, kwargs):
+        with spans.stage_span(semconv.SPAN_LOAD_WEIGHTS, semconv.STAGE_LOAD,
+                              enrich=semconv.SPAN_LOAD_WEIGHTS) as span:
+            load = load_shards.begin(span, reader)
+            try:
+                return call(*args, **kwargs)
+            finally:
+                load_shards.end(load)
+
+    return wrapper
+
+
+def _wrap_sharded_files(call, instance, args, kwargs):
+    """vLLM's own iterator, one file per call: each file is read start to end inside it."""
+    paths = list(args[0] if args else kwargs["paths"])
+    if getattr(instance.load_config, "load_format", None) != "sharded_state":
+        return call(*args, **kwargs)
+    return _per_file(call, paths)
+
+
+def _per_file(call, paths: list[str]):
+    for path in paths:
+        read = ShardRead(path, "safetensors", "sharded_state")
+        read.start()
+        inner = call([path])
+        try:
+            while True:
+                t0 = time.perf_counter()
+                try:
+                    item = next(inner)
+                except StopIteration:
+                    break
+                finally:
+                    read.read_s += time.perf_counter() - t0
+                read.tensors += 1
+                yield item
+        finally:
+            read.finish()
+
+
+LOAD_FILE = Hook("load.shard_read_threads", f"{_ML}.weight_utils:load_file", _wrap_load_file,
+                 stage=semconv.STAGE_LOAD_READ, process="worker")
+TORCH_LOAD = Hook("load.shard_read_pt", "torch:load", _wrap_torch_load,
+                  stage=semconv.STAGE_LOAD_READ, process="worker")
+STREAM_FILES = Hook("load.runai_stream", f"{_RUNAI}:SafetensorsStreamer.stream_files",
+                    _wrap_stream_files, stage=semconv.STAGE_LOAD_READ, process="worker",
+                    optional=True)
+GET_TENSORS = Hook("load.runai_tensors", f"{_RUNAI}:SafetensorsStreamer.get_tensors",
+                   _wrap_get_tensors, stage=semconv.STAGE_LOAD_READ, process="worker",
+                   optional=True)
+RUNAI_WEIGHTS = Hook("load.runai_weights",
+                     f"{_ML}.runai_streamer_loader:RunaiModelStreamerLoader.load_weights",
+                     _weights_pass("runai_streamer"), stage=semconv.STAGE_LOAD,
+                     process="worker")
+SHARDED_WEIGHTS = Hook("load.sharded_state_weights",
+                       f"{_ML}.sharded_state_loader:ShardedStateLoader.load_weights",
+                       _weights_pass("sharded_state"), stage=semconv.STAGE_LOAD,
+                       process="worker")
+SHARDED_FILES = Hook("load.sharded_state_files",
+                     f"{_ML}.sharded_state_loader:ShardedStateLoader.iterate_over_files",
+                     _wrap_sharded_files, stage=semconv.STAGE_LOAD_READ, process="worker")
+TENSORIZER_WEIGHTS = Hook("load.tensorizer_weights",
+                          f"{_ML}.tensorizer_loader:TensorizerLoader.load_weights",
+                          _weights_pass("tensorizer"), stage=semconv.STAGE_LOAD,
+                          process="worker")
+
+HOOKS = [LOAD_FILE, TORCH_LOAD, STREAM_FILES, GET_TENSORS, RUNAI_WEIGHTS, SHARDED_WEIGHTS,
+         SHARDED_FILES, TENSORIZER_WEIGHTS]
