@@ -197,3 +197,48 @@ TENSORIZER_WEIGHTS = Hook("load.tensorizer_weights",
 
 HOOKS = [LOAD_FILE, TORCH_LOAD, STREAM_FILES, GET_TENSORS, RUNAI_WEIGHTS, SHARDED_WEIGHTS,
          SHARDED_FILES, TENSORIZER_WEIGHTS]
+
+
+# --- what doctor reports per load format ---------------------------------------------------------
+# (load format, reader, hooks that must resolve, module the format needs, why it is not hooked)
+LOADERS: list[tuple[str, str, list[str], str | None, str | None]] = [
+    ("auto / safetensors", "safe_open", ["load.shard_read", "load.weights_total"], None, None),
+    ("safetensors + enable_multithread_load", "threads",
+     ["load.shard_read_threads", "load.weights_total"], None, None),
+    ("pt / .bin (one thread or enable_multithread_load)", "torch.load",
+     ["load.shard_read_pt", "load.weights_total"], None, None),
+    ("runai_streamer", "runai_streamer",
+     ["load.runai_stream", "load.runai_tensors", "load.runai_weights"], "runai_model_streamer",
+     None),
+    ("sharded_state", "sharded_state", ["load.sharded_state_weights", "load.sharded_state_files"],
+     None, None),
+    ("runai_streamer_sharded", "runai_streamer",
+     ["load.sharded_state_weights", "load.runai_stream", "load.runai_tensors"],
+     "runai_model_streamer", None),
+    ("fastsafetensors", "-", [], "fastsafetensors",
+     "not hooked per file: its ParallelLoader reads in a producer thread and yields tensors "
+     "without their file; 'Load weights' carries no byte totals"),
+    ("instanttensor", "-", [], "instanttensor",
+     "not hooked per file: one native reader over all files (CUDA only)"),
+    ("tensorizer", "-", ["load.tensorizer_weights"], "tensorizer",
+     "'Load weights' span only: one serialized stream, no per-shard reads to time"),
+    ("npcache", "-", [], None, "not hooked per file: reads numpy caches with np.load"),
+    ("gguf", "-", [], None, "vLLM 0.32 has no GGUF loader"),
+]
+
+
+def loader_report(resolved: dict[str, bool]) -> list[dict[str, Any]]:
+    """Per load format: 'per-shard' when every hook it needs resolves and its reader package
+    is importable, else the reason it is not hooked (doctor prints this)."""
+    import importlib.util
+
+    rows = []
+    for fmt, reader, needed, package, reason in LOADERS:
+        missing = [name for name in needed if not resolved.get(name, False)]
+        if reason is None and missing:
+            reason = f"hook target missing in this vLLM: {', '.join(missing)}"
+        if reason is None and package and importlib.util.find_spec(package) is None:
+            reason = f"package {package} is not installed"
+        rows.append({"format": fmt, "reader": reader, "per_shard": reason is None,
+                     "detail": reason or "per-shard spans"})
+    return rows
