@@ -26,7 +26,7 @@ import json, os, sys
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 from opentelemetry import context as otel_context, trace
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 import secrets
 from opentelemetry.sdk.trace.id_generator import IdGenerator
@@ -41,7 +41,7 @@ class Ids(IdGenerator):  # vLLM seeds `random` per engine: the SDK's default ids
 
 
 provider = TracerProvider(id_generator=Ids())
-provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=sys.argv[1])))
+provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=sys.argv[1])))
 trace.set_tracer_provider(provider)
 from otel_ttft.instrumentor import instrument_once
 instrument_once()
@@ -166,6 +166,7 @@ def _checkpoint_bytes(model_dir: str, suffix: str) -> int:
 
 
 @pytest.mark.parametrize("name,reader,suffix", [
+    ("cold", "safe_open", ".safetensors"),  # first engine of the process: first-call imports
     ("warm", "safe_open", ".safetensors"),
     ("threads", "threads", ".safetensors"),
     ("runai", "runai_streamer", ".safetensors"),
