@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -31,7 +32,8 @@ def test_installed_vllm_resolves_every_required_target():
                 "pt / .bin (one thread or enable_multithread_load)", "sharded_state"):
         assert loaders[fmt]["per_shard"], loaders[fmt]
     assert not loaders["gguf"]["per_shard"] and "no GGUF loader" in loaders["gguf"]["detail"]
-    assert not loaders["fastsafetensors"]["per_shard"]
+    fast = loaders["fastsafetensors (GPU; checked by scripts/gpu-check)"]
+    assert fast["per_shard"] == (importlib.util.find_spec("fastsafetensors") is not None), fast
 
 
 def _fake_vllm(root, core_source):

@@ -202,3 +202,20 @@ def test_storage_evidence(tmp_path):
     assert (device is None) == (rotational is None) or rotational is None
     assert storage.block_device(tmp_path / "missing") == (None, None)
     assert storage.evidence([]) == {}
+
+
+def test_fastsafetensors_files_from_headers(exporter, tiny_model):
+    """The fastsafetensors wrapper over a CPU stand-in with the same signature and output (vLLM's
+    own safetensors iterator): fastsafetensors itself needs CUDA (scripts/gpu-check runs it)."""
+    from vllm.model_executor.model_loader.weight_utils import safetensors_weights_iterator
+
+    from otel_ttft.replay.gpu_check_load import check_fastsafetensors
+
+    files = [str(f) for f in checkpoint_files(tiny_model)]
+    tensors = _pass(lambda: load_formats._wrap_fastsafetensors(
+        safetensors_weights_iterator, None, (files, False), {}), "fastsafetensors")
+    assert tensors
+    weights, shards = _check_shards(exporter, files, "fastsafetensors")
+    assert sum(s.attributes[semconv.ATTR_SHARD_TENSORS] for s in shards) == len(tensors)
+    assert check_fastsafetensors(_as_dicts(exporter.get_finished_spans()), tiny_model) == []
+    assert check_fastsafetensors(_as_dicts([weights]), tiny_model)  # no shards: a problem

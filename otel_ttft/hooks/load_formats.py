@@ -6,6 +6,8 @@
   weights pass is one shard span; outside a pass ``torch.load`` is left alone.
 - ``runai_streamer``: the streamer reads every file at once in its own threads; a file's span runs
   from ``stream_files`` to the delivery of its last tensor, so spans overlap.
+- ``fastsafetensors`` (CUDA only): like the streamer, a file's span runs from the loader's start
+  to its last tensor; which file a tensor came from is read from the safetensors headers.
 - ``sharded_state``: vLLM reads its files one after another; we hand its iterator one file at a
   time, so each file's reads are one span.
 Loaders without a ``Load weights`` span of their own (runai_streamer, sharded_state, tensorizer)
@@ -88,11 +90,6 @@ def _wrap_get_tensors(call, instance, args, kwargs):
     inner = call(*args, **kwargs)
     if not reads:
         return inner
-    return _streamed(inner, instance, reads)
-
-
-def _streamed(inner, instance, reads: dict[int, ShardRead]):
-    """A file's span ends when its last tensor arrives; read seconds are the span itself."""
     try:
         owner, left = {}, {}
         for index, metas in instance.files_to_tensors_metadata.items():
@@ -100,22 +97,28 @@ def _streamed(inner, instance, reads: dict[int, ShardRead]):
             owner.update({m.name: index for m in metas})
     except Exception as exc:  # noqa: BLE001
         report_failure(GET_TENSORS, exc)
-        yield from inner
-        return
+        return inner
+    return delivered_by_file(inner, reads, owner, left, instance)
+
+
+def delivered_by_file(inner, reads: dict[Any, ShardRead], owner: dict[str, Any],
+                      left: dict[Any, int], instance: Any = None):
+    """A file's span ends when its last tensor arrives; read seconds are the span itself."""
     try:
         for name, tensor in inner:
-            index = owner.get(name)
-            read = reads.get(index)
+            key = owner.get(name)
+            read = reads.get(key)
             if read is not None:
                 read.tensors += 1
-                left[index] -= 1
-                if left[index] == 0:
+                left[key] -= 1
+                if left[key] == 0:
                     _end_stream(read)
             yield name, tensor
     finally:
         for read in reads.values():
             _end_stream(read)  # an interrupted load still closes its spans
-        instance._otel_ttft_reads = None
+        if instance is not None:
+            instance._otel_ttft_reads = None
 
 
 def _end_stream(read: ShardRead) -> None:
@@ -124,6 +127,35 @@ def _end_stream(read: ShardRead) -> None:
     end_ns = clock.now_ns()
     read.read_s = (end_ns - read.start_ns) / 1e9
     read.finish(end_ns)
+
+
+# --- fastsafetensors (GPU) ----------------------------------------------------------------------
+
+def _wrap_fastsafetensors(call, instance, args, kwargs):
+    """Its ParallelLoader yields tensors without their file: the safetensors headers (read before
+    the loader starts, a few KB each) say which file each name comes from."""
+    files = [os.fspath(f) for f in (args[0] if args else kwargs["hf_weights_files"])]
+    reads = {f: ShardRead(f, "safetensors", "fastsafetensors") for f in files}
+    owner, left = tensor_owners(files)
+    start_ns = clock.now_ns()
+    inner = call(*args, **kwargs)
+    for read in reads.values():
+        read.start_ns = start_ns
+        read.start()
+    return delivered_by_file(inner, reads, owner, left)
+
+
+def tensor_owners(files: list[str]) -> tuple[dict[str, str], dict[str, int]]:
+    """Tensor name -> file, and tensors per file, from the safetensors headers only."""
+    from safetensors import safe_open
+
+    owner, left = {}, {}
+    for path in files:
+        with safe_open(path, framework="pt") as f:
+            names = list(f.keys())
+        left[path] = len(names)
+        owner.update(dict.fromkeys(names, path))
+    return owner, left
 
 
 # --- loaders without a "Load weights" span ------------------------------------------------------
@@ -190,13 +222,16 @@ SHARDED_WEIGHTS = Hook("load.sharded_state_weights",
 SHARDED_FILES = Hook("load.sharded_state_files",
                      f"{_ML}.sharded_state_loader:ShardedStateLoader.iterate_over_files",
                      _wrap_sharded_files, stage=semconv.STAGE_LOAD_READ, process="worker")
+FASTSAFETENSORS = Hook("load.fastsafetensors",
+                       f"{_ML}.default_loader:fastsafetensors_weights_iterator",
+                       _wrap_fastsafetensors, stage=semconv.STAGE_LOAD_READ, process="worker")
 TENSORIZER_WEIGHTS = Hook("load.tensorizer_weights",
                           f"{_ML}.tensorizer_loader:TensorizerLoader.load_weights",
                           _weights_pass("tensorizer"), stage=semconv.STAGE_LOAD,
                           process="worker")
 
 HOOKS = [LOAD_FILE, TORCH_LOAD, STREAM_FILES, GET_TENSORS, RUNAI_WEIGHTS, SHARDED_WEIGHTS,
-         SHARDED_FILES, TENSORIZER_WEIGHTS]
+         SHARDED_FILES, FASTSAFETENSORS, TENSORIZER_WEIGHTS]
 
 
 # --- what doctor reports per load format ---------------------------------------------------------
@@ -215,9 +250,8 @@ LOADERS: list[tuple[str, str, list[str], str | None, str | None]] = [
     ("runai_streamer_sharded", "runai_streamer",
      ["load.sharded_state_weights", "load.runai_stream", "load.runai_tensors"],
      "runai_model_streamer", None),
-    ("fastsafetensors", "-", [], "fastsafetensors",
-     "not hooked per file: its ParallelLoader reads in a producer thread and yields tensors "
-     "without their file; 'Load weights' carries no byte totals"),
+    ("fastsafetensors (GPU; checked by scripts/gpu-check)", "fastsafetensors",
+     ["load.fastsafetensors", "load.weights_total"], "fastsafetensors", None),
     ("instanttensor", "-", [], "instanttensor",
      "not hooked per file: one native reader over all files (CUDA only)"),
     ("tensorizer", "-", ["load.tensorizer_weights"], "tensorizer",
