@@ -74,14 +74,16 @@ def _wrap_torch_load(call, instance, args, kwargs):
 def _wrap_stream_files(call, instance, args, kwargs):
     """Residency is taken before the streamer starts; the spans start with the request."""
     paths = list(args[0] if args else kwargs.get("paths", ()))
-    local = [p for p in paths if isinstance(p, str) and "://" not in p]
-    reads = [ShardRead(p, "safetensors", "runai_streamer") for p in local]
+    # file index (the streamer's key) -> read; object-store URIs have no local file to measure
+    reads = {i: ShardRead(os.fspath(p), "safetensors", "runai_streamer")
+             for i, p in enumerate(paths)
+             if isinstance(p, (str, os.PathLike)) and "://" not in os.fspath(p)}
     start_ns = clock.now_ns()
     result = call(*args, **kwargs)
-    for read in reads:
+    for read in reads.values():
         read.start_ns = start_ns
         read.start()
-    instance._otel_ttft_reads = {i: r for i, r in enumerate(reads) if paths[i] in local}
+    instance._otel_ttft_reads = reads
     return result
 
 
