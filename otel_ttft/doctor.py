@@ -66,6 +66,9 @@ def collect() -> dict[str, Any]:
         hooks.append({"name": hook.name, "target": hook.target, "process": hook.process,
                       "stage": hook.stage, "resolved": ok, "optional": hook.optional,
                       "detail": detail})
+    from otel_ttft.hooks.load_formats import loader_report
+
+    loaders = loader_report({h["name"]: h["resolved"] for h in hooks})
     ours = {group: [ep.name for ep in entry_points(group=group) if ep.value.startswith("otel_ttft")]
             for group in _ENTRY_POINT_GROUPS}
     endpoint, source = _endpoint()
@@ -74,6 +77,7 @@ def collect() -> dict[str, Any]:
                  "module_version": module_version, "supported_range": SUPPORTED,
                  "supported": bool(dist and is_supported(dist[1]))},
         "hooks": hooks,
+        "loaders": loaders,
         "entry_points": ours,
         "export": {"traces_exporter": os.environ.get("OTEL_TRACES_EXPORTER", "otlp (our distro)"),
                    "metrics_exporter": os.environ.get("OTEL_METRICS_EXPORTER", "otlp (our distro)"),
@@ -99,6 +103,10 @@ def render(report: dict[str, Any]) -> str:
         mark = "ok     " if h["resolved"] else "absent " if h["optional"] else "MISSING"
         detail = "" if h["resolved"] else f"  ({h['detail']})"
         lines.append(f"  {mark} {h['name']:<28} {h['target']}{detail}")
+    lines.append("load formats (shard read spans):")
+    for row in report.get("loaders", []):
+        mark = "per-shard" if row["per_shard"] else "NOT HOOKED"
+        lines.append(f"  {mark:<10} {row['format']}: {row['detail']}")
     for group, names in report["entry_points"].items():
         lines.append(f"entry point {group}: {', '.join(names) or 'NOT REGISTERED'}")
     e = report["export"]

@@ -309,3 +309,19 @@ ENV_EXIT_TIMEOUT_MS = "OTEL_TTFT_EXIT_TIMEOUT_MS"  # final flush deadline per pr
 DEFAULT_EXIT_TIMEOUT_MS = 500
 ENV_SNAPSHOT_AFTER_S = "OTEL_TTFT_SNAPSHOT_AFTER_S"  # export open spans after this long; 0: off
 DEFAULT_SNAPSHOT_AFTER_S = 60.0
+
+
+# --- issue 10: every load format's shard reads, storage evidence, the rest of "Load model" ------
+SPAN_LOAD_WEIGHTS = "Load weights"  # vLLM's name; ours for loaders that open none (runai, ...)
+SPAN_RELEASE_MEMORY = "Release memory"  # gc.collect / empty_cache inside "Load model"
+SPAN_FINALIZE_LAYERWISE = "Finalize layerwise processing"  # online quantization
+SPAN_MODEL_EVAL = "model.eval"
+SPAN_ONLINE_QUANT_CHECK = "Online quantization check"  # its first call imports the package
+ATTR_LOAD_RELEASE_CALL = "ttft.load.release.call"  # gc.collect | empty_cache
+ATTR_LOAD_READER = "ttft.load.reader"  # safe_open | threads | torch.load | runai_streamer | ...
+ATTR_LOAD_READ_UNION_SECONDS = "ttft.load.read.union_seconds"  # wall time some read was running
+ATTR_LOAD_READ_AGGREGATE_GB_PER_S = "ttft.load.read.aggregate_gb_per_s"  # bytes / union seconds
+ATTR_CHECKPOINT_BYTES = "ttft.load.checkpoint.bytes"  # on disk, all files of the read kind
+ATTR_FS_REMOTE = "ttft.load.fs.remote"  # network or FUSE file system
+ATTR_BLOCK_DEVICE = "ttft.load.block_device"  # e.g. nvme0n1, where /sys shows it
+ATTR_BLOCK_ROTATIONAL = "ttft.load.block_device.rotational"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -26,6 +27,13 @@ def test_installed_vllm_resolves_every_required_target():
     assert report["vllm"]["supported"]
     assert report["entry_points"]["opentelemetry_instrumentor"]
     assert report["entry_points"]["vllm.general_plugins"]
+    loaders = {row["format"]: row for row in report["loaders"]}
+    for fmt in ("auto / safetensors", "safetensors + enable_multithread_load",
+                "pt / .bin (one thread or enable_multithread_load)", "sharded_state"):
+        assert loaders[fmt]["per_shard"], loaders[fmt]
+    assert not loaders["gguf"]["per_shard"] and "no GGUF loader" in loaders["gguf"]["detail"]
+    fast = loaders["fastsafetensors (GPU; checked by scripts/gpu-check)"]
+    assert fast["per_shard"] == (importlib.util.find_spec("fastsafetensors") is not None), fast
 
 
 def _fake_vllm(root, core_source):
@@ -58,6 +66,8 @@ def test_fake_tree_with_a_moved_target_is_named(tmp_path):
     ok = next(line for line in lines if "activation.engine_core_start" in line)
     assert ok.strip().startswith("ok")
     assert "module 0.99.0" in proc.stdout
+    safetensors = next(line for line in lines if "auto / safetensors:" in line)
+    assert "NOT HOOKED" in safetensors and "hook target missing" in safetensors
 
 
 def test_nothing_instrumentable_exits_non_zero(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 from opentelemetry import trace
 
 from otel_ttft import semconv
-from otel_ttft.hooks import activation, load, warmup
+from otel_ttft.hooks import activation, load, load_shards, warmup
 from otel_ttft.hooks.registry import HookSet
 from tests.otel_memory import memory_exporter
 
@@ -67,7 +67,7 @@ def test_host_to_device_totals_over_the_real_safetensors_reader(exporter, hooks,
 
     from otel_ttft.tiny_model import checkpoint_files
 
-    monkeypatch.setattr(load, "_device_is_accelerator", lambda: True)  # what a GPU reports
+    monkeypatch.setattr(load_shards, "device_is_accelerator", lambda: True)  # what a GPU reports
     files = [str(f) for f in checkpoint_files(tiny_model)]
     with trace.get_tracer("vllm").start_as_current_span("Load weights") as weights_span:
         tensors = list(load._totals_generator(safetensors_weights_iterator(files, False),

@@ -6,10 +6,19 @@ from otel_ttft.hooks.registry import Hook
 
 
 def all_hooks() -> list[Hook]:
-    from otel_ttft.hooks import activation, fault, load, rpc, switch, warmup
+    from otel_ttft.hooks import (
+        activation,
+        fault,
+        load,
+        load_finish,
+        load_formats,
+        rpc,
+        switch,
+        warmup,
+    )
 
-    hooks = [*activation.HOOKS, *load.HOOKS, *warmup.HOOKS, *rpc.HOOKS, *switch.HOOKS,
-             *fault.HOOKS]
+    hooks = [*activation.HOOKS, *load.HOOKS, *load_formats.HOOKS, *load_finish.HOOKS,
+             *warmup.HOOKS, *rpc.HOOKS, *switch.HOOKS, *fault.HOOKS]
     try:
         from otel_ttft.hooks import request
     except ImportError:

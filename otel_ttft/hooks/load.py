@@ -3,6 +3,8 @@
 A shard span opens at ``safe_open`` and closes with it; inside it we time only the reader
 (``get_tensor``), so ``read seconds`` and GB/s are the storage side, while the consumer's time
 (copying into parameters: host-to-device on a GPU) is reported separately as ``ttft.h2d.*``.
+The other load formats' readers are in ``load_formats``; the rest of "Load model" in
+``load_finish``.
 """
 
 from __future__ import annotations
@@ -14,48 +16,24 @@ from typing import Any
 import wrapt
 from opentelemetry import trace
 
-from otel_ttft import clock, metrics, pagecache, semconv, spans
+from otel_ttft import semconv, spans
+from otel_ttft.hooks import load_shards
+from otel_ttft.hooks.load_shards import ShardRead, tensor_nbytes
 from otel_ttft.hooks.registry import Hook, report_failure
 
 _WEIGHT_UTILS = "vllm.model_executor.model_loader.weight_utils"
 _DEFAULT_LOADER = "vllm.model_executor.model_loader.default_loader"
-
-
-class _LoadTotals:
-    """What the shards of one ``get_all_weights`` pass add up to."""
-
-    def __init__(self) -> None:
-        self.opened = 0  # shards whose first tensor was read: the next shard's index
-        self.shards = 0
-        self.bytes = 0
-        self.read_s = 0.0
-        self.consumer_s = 0.0
-        self.tensor_bytes = 0
-
-
-_totals: _LoadTotals | None = None  # set while a get_all_weights pass is running
-
-
-def _tensor_nbytes(tensor: Any) -> int:
-    try:
-        return int(tensor.numel() * tensor.element_size())
-    except Exception:  # noqa: BLE001 - odd tensor subclasses
-        return 0
+READER_SAFE_OPEN = "safe_open"
 
 
 class _TracedShard(wrapt.ObjectProxy):
     """A ``safe_open`` handle that becomes a span once the first tensor is read from it."""
 
-    def __init__(self, handle: Any, path: str, hook: Hook, resident: float | None):
+    def __init__(self, handle: Any, shard: ShardRead, hook: Hook):
         super().__init__(handle)
-        self._self_resident = resident
-        self._self_path = path
+        self._self_shard = shard
         self._self_hook = hook
-        self._self_span = None
-        self._self_read_s = 0.0
-        self._self_tensors = 0
-        self._self_open_ns = clock.now_ns()
-        self._self_parent = trace.set_span_in_context(trace.get_current_span())
+        self._self_started = False
 
     def __enter__(self):
         self.__wrapped__.__enter__()
@@ -67,81 +45,58 @@ class _TracedShard(wrapt.ObjectProxy):
         finally:
             self._self_finish()
 
-    def _self_start(self) -> None:
-        path = self._self_path
-        try:
-            size = os.path.getsize(path)
-        except OSError:
-            size = 0
-        self._self_span = spans.tracer().start_span(
-            semconv.SPAN_SHARD_READ, context=self._self_parent, start_time=self._self_open_ns)
-        spans.tag_span(self._self_span, semconv.STAGE_LOAD_READ, {
-            semconv.ATTR_SHARD_PATH: path,
-            semconv.ATTR_SHARD_INDEX: _totals.opened if _totals is not None else None,
-            semconv.ATTR_SHARD_BYTES: size,
-            semconv.ATTR_LOAD_FORMAT: "safetensors",
-            semconv.ATTR_FS_TYPE: pagecache.filesystem_type(path),
-            semconv.ATTR_PAGE_CACHE_RESIDENT: self._self_resident,
-        })
-        self._self_bytes = size
-        if _totals is not None:
-            _totals.opened += 1
-
     def get_tensor(self, name: str) -> Any:
         if self._self_hook.failed:
             return self.__wrapped__.get_tensor(name)
-        if self._self_span is None:
+        if not self._self_started:
+            self._self_started = True
             try:
-                self._self_start()
+                self._self_shard.start()
             except Exception as exc:  # noqa: BLE001
                 report_failure(self._self_hook, exc)
                 return self.__wrapped__.get_tensor(name)
         t0 = time.perf_counter()
         tensor = self.__wrapped__.get_tensor(name)
-        self._self_read_s += time.perf_counter() - t0
-        self._self_tensors += 1
+        self._self_shard.read_s += time.perf_counter() - t0
+        self._self_shard.tensors += 1
         return tensor
 
     def _self_finish(self) -> None:
-        span = self._self_span
-        if span is None:
-            return  # metadata-only open: no read, no span
-        self._self_span = None
         try:
-            read_s = self._self_read_s
-            gbps = self._self_bytes / read_s / 1e9 if read_s > 0 else None
-            span.set_attributes({
-                semconv.ATTR_READ_SECONDS: read_s,
-                semconv.ATTR_SHARD_TENSORS: self._self_tensors,
-            })
-            if gbps is not None:
-                span.set_attribute(semconv.ATTR_READ_GB_PER_S, gbps)
-            span.end(end_time=clock.now_ns())
-            if _totals is not None:
-                _totals.shards += 1
-                _totals.bytes += self._self_bytes
-                _totals.read_s += read_s
-            metrics.record_shard_read(self._self_bytes, gbps, spans.served_model)
+            self._self_shard.finish()  # metadata-only open: never started, no span
         except Exception as exc:  # noqa: BLE001
             report_failure(self._self_hook, exc)
 
 
 def _wrap_safe_open(call, instance, args, kwargs):
     path = os.fspath(args[0] if args else kwargs.get("filename"))
-    resident = pagecache.resident_ratio(path)  # before safe_open reads the header
-    return _TracedShard(call(*args, **kwargs), path, SAFE_OPEN, resident)
+    # residency is measured now, before safe_open reads the header
+    shard = ShardRead(path, "safetensors", READER_SAFE_OPEN)
+    return _TracedShard(call(*args, **kwargs), shard, SAFE_OPEN)
 
 
 def _wrap_get_all_weights(call, instance, args, kwargs):
     """Totals go on vLLM's "Load weights" span; consumer time between yields is the copy side."""
     inner = call(*args, **kwargs)
-    return _totals_generator(inner, trace.get_current_span())
+    return _totals_generator(inner, trace.get_current_span(), _reader(instance))
 
 
-def _totals_generator(inner, load_span):
-    global _totals
-    totals = _totals = _LoadTotals()
-    start = time.perf_counter()
+def _reader(loader: Any) -> str:
+    """Which reader the default loader picks for its config (as vLLM's _get_weights_iterator)."""
+    try:
+        config = loader.load_config
+        fmt = str(getattr(config.load_format, "value", config.load_format))
+        if fmt in ("fastsafetensors", "instanttensor", "npcache"):
+            return fmt
+        if (config.model_loader_extra_config or {}).get("enable_multithread_load"):
+            return "threads"
+    except Exception:  # noqa: BLE001
+        pass
+    return READER_SAFE_OPEN
+
+
+def _totals_generator(inner, load_span, reader: str = READER_SAFE_OPEN):
+    load = load_shards.begin(load_span, reader)
     try:
         while True:
             try:
@@ -149,41 +104,14 @@ def _totals_generator(inner, load_span):
             except StopIteration:
                 return
             resumed = time.perf_counter()
-            totals.tensor_bytes += _tensor_nbytes(item[1])
+            load.tensor_bytes += tensor_nbytes(item[1])
             yield item
-            totals.consumer_s += time.perf_counter() - resumed
+            load.consumer_s += time.perf_counter() - resumed
     finally:
-        _totals = None
-        wall = time.perf_counter() - start
         try:
-            _finish_totals(totals, wall, load_span)
+            load_shards.end(load)
         except Exception as exc:  # noqa: BLE001
             report_failure(GET_ALL_WEIGHTS, exc)
-
-
-def _finish_totals(totals: _LoadTotals, wall_s: float, load_span) -> None:
-    if not load_span.is_recording():
-        return
-    attrs: dict[str, Any] = {
-        semconv.ATTR_LOAD_SHARDS: totals.shards,
-        semconv.ATTR_LOAD_BYTES: totals.bytes,
-        semconv.ATTR_READ_SECONDS: totals.read_s,
-    }
-    if wall_s > 0 and totals.bytes:
-        attrs[semconv.ATTR_LOAD_GB_PER_S] = totals.bytes / wall_s / 1e9
-    if _device_is_accelerator() and totals.consumer_s > 0:
-        attrs[semconv.ATTR_H2D_BYTES] = totals.tensor_bytes
-        attrs[semconv.ATTR_H2D_GB_PER_S] = totals.tensor_bytes / totals.consumer_s / 1e9
-    load_span.set_attributes(attrs)
-
-
-def _device_is_accelerator() -> bool:
-    try:
-        from vllm.platforms import current_platform
-
-        return bool(current_platform.is_cuda_alike() or current_platform.is_xpu())
-    except Exception:  # noqa: BLE001
-        return False
 
 
 def _wrap_process_weights(call, instance, args, kwargs):
@@ -196,7 +124,7 @@ def _wrap_process_weights(call, instance, args, kwargs):
 
 def _parameter_bytes(model: Any) -> int:
     """What the model holds on its device once loading and post-processing are done."""
-    return sum(_tensor_nbytes(p) for p in model.parameters())
+    return sum(tensor_nbytes(p) for p in model.parameters())
 
 
 SAFE_OPEN = Hook("load.shard_read", f"{_WEIGHT_UTILS}:safe_open", _wrap_safe_open,

@@ -22,6 +22,7 @@ from otel_ttft import semconv
 from otel_ttft.analysis.traces import build_trees, coverage, find_activation_roots
 from otel_ttft.analysis.tree import render_tree
 from otel_ttft.replay.demo import telemetry_env
+from otel_ttft.replay.gpu_check_load import run_fastsafetensors
 from otel_ttft.replay.server import VllmServer
 from otel_ttft.sink.receiver import OTLPReceiver
 from otel_ttft.sink.store import SpanStore
@@ -158,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             if root.name == semconv.SPAN_ACTIVATION:
                 print(render_tree(root))
     problems = check(spans) + replay_with_sleep_driver(args.out / "replay", args.timeout)
+    problems += run_fastsafetensors(model, args.out / "fastsafetensors", args.timeout)  # issue 10
     for problem in problems:
         print(f"gpu-check: FAIL {problem}", file=sys.stderr)
     print(f"gpu-check: {'FAILED' if problems else 'passed'}; data in {args.out}")

@@ -1,0 +1,221 @@
+"""Load-format readers over vLLM's real iterator functions on the tiny checkpoint (no engine):
+threads, torch.load, the Run:ai streamer; storage evidence; the rest of "Load model"; overlap."""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+import pytest
+from opentelemetry import trace
+
+from otel_ttft import semconv, storage
+from otel_ttft.analysis.traces import build_trees, self_time_by_stage
+from otel_ttft.hooks import load_finish, load_formats, load_shards
+from otel_ttft.hooks.registry import HookSet
+from otel_ttft.tiny_model import checkpoint_files
+from tests.otel_memory import memory_exporter
+
+pytestmark = [pytest.mark.vllm, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+
+@pytest.fixture
+def exporter():
+    exp = memory_exporter()
+    exp.clear()
+    return exp
+
+
+@pytest.fixture
+def hooks():
+    applied = []
+
+    def apply(*selected):
+        hook_set = HookSet(list(selected))
+        hook_set.apply()
+        applied.append(hook_set)
+
+    yield apply
+    for hook_set in applied:
+        hook_set.remove()
+
+
+def _named(exporter, name):
+    return [s for s in exporter.get_finished_spans() if s.name == name]
+
+
+def _pass(iterator_fn, reader):
+    """Run one weights pass over a real vLLM iterator the way the loader hooks do."""
+    with trace.get_tracer("vllm").start_as_current_span("Load weights") as span:
+        load = load_shards.begin(span, reader)
+        try:
+            tensors = list(iterator_fn())
+        finally:
+            load_shards.end(load)
+    return tensors
+
+
+def _check_shards(exporter, files, reader):
+    (weights,) = _named(exporter, "Load weights")
+    shards = _named(exporter, semconv.SPAN_SHARD_READ)
+    assert sorted(s.attributes[semconv.ATTR_SHARD_PATH] for s in shards) == sorted(map(str, files))
+    assert sorted(s.attributes[semconv.ATTR_SHARD_INDEX] for s in shards) == list(range(len(files)))
+    on_disk = sum(Path(f).stat().st_size for f in files)
+    assert sum(s.attributes[semconv.ATTR_SHARD_BYTES] for s in shards) == on_disk
+    for s in shards:
+        assert s.parent.span_id == weights.context.span_id  # reader threads included
+        assert s.attributes[semconv.ATTR_LOAD_READER] == reader
+        assert s.attributes[semconv.ATTR_READ_SECONDS] > 0
+    w = weights.attributes
+    assert w[semconv.ATTR_LOAD_BYTES] == on_disk == w[semconv.ATTR_CHECKPOINT_BYTES]
+    assert w[semconv.ATTR_LOAD_READER] == reader
+    wall_s = (weights.end_time - weights.start_time) / 1e9
+    assert 0 < w[semconv.ATTR_LOAD_READ_UNION_SECONDS] <= wall_s
+    return weights, shards
+
+
+def test_threaded_safetensors_shards_from_reader_threads(exporter, hooks, tiny_model):
+    hooks(load_formats.LOAD_FILE)
+    from vllm.model_executor.model_loader.weight_utils import (
+        multi_thread_safetensors_weights_iterator,
+    )
+
+    files = [str(f) for f in checkpoint_files(tiny_model)]
+    tensors = _pass(lambda: multi_thread_safetensors_weights_iterator(files, False, 2), "threads")
+    assert tensors
+    _check_shards(exporter, files, "threads")
+
+
+@pytest.fixture(scope="module")
+def bin_files(tiny_model, tmp_path_factory):
+    import torch
+    from safetensors.torch import load_file
+
+    out = tmp_path_factory.mktemp("bin")
+    files = []
+    for i, shard in enumerate(checkpoint_files(tiny_model)):
+        files.append(out / f"pytorch_model-{i}.bin")
+        torch.save(load_file(shard), files[-1])
+    return files
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+def test_pt_checkpoints_read_by_torch_load(exporter, hooks, bin_files, threaded):
+    hooks(load_formats.TORCH_LOAD)
+    import torch
+    from vllm.model_executor.model_loader import weight_utils
+
+    files = [str(f) for f in bin_files]
+    if threaded:
+        tensors = _pass(lambda: weight_utils.multi_thread_pt_weights_iterator(files, False),
+                        "threads")
+    else:
+        tensors = _pass(lambda: weight_utils.pt_weights_iterator(files, False), "safe_open")
+    assert tensors
+    _check_shards(exporter, files, "torch.load")
+    exporter.clear()
+    torch.load(files[0], weights_only=True)  # outside a weights pass: left alone
+    assert not _named(exporter, semconv.SPAN_SHARD_READ)
+
+
+def test_runai_streamer_files_overlap_and_are_counted_once(exporter, hooks, tiny_model):
+    pytest.importorskip("runai_model_streamer")
+    hooks(load_formats.STREAM_FILES, load_formats.GET_TENSORS)
+    from vllm.model_executor.model_loader.weight_utils import runai_safetensors_weights_iterator
+
+    files = [str(f) for f in checkpoint_files(tiny_model)]
+    tensors = _pass(lambda: runai_safetensors_weights_iterator(files, False), "runai_streamer")
+    assert tensors
+    weights, shards = _check_shards(exporter, files, "runai_streamer")
+    assert len({s.start_time for s in shards}) == 1  # every file is requested at once
+    assert sum(s.attributes[semconv.ATTR_SHARD_TENSORS] for s in shards) == len(tensors)
+    w = weights.attributes
+    spans_sum = sum(s.end_time - s.start_time for s in shards) / 1e9
+    assert w[semconv.ATTR_LOAD_READ_UNION_SECONDS] < spans_sum  # they overlap
+    assert w[semconv.ATTR_LOAD_READ_AGGREGATE_GB_PER_S] == pytest.approx(
+        w[semconv.ATTR_LOAD_BYTES] / w[semconv.ATTR_LOAD_READ_UNION_SECONDS] / 1e9)
+
+
+def _as_dicts(spans):
+    return [{"name": s.name, "trace_id": format(s.context.trace_id, "032x"),
+             "span_id": format(s.context.span_id, "016x"),
+             "parent_span_id": format(s.parent.span_id, "016x") if s.parent else None,
+             "start_ns": s.start_time, "end_ns": s.end_time, "attributes": dict(s.attributes)}
+            for s in spans]
+
+
+def test_overlapping_shards_count_once_in_self_time(exporter):
+    """Three shard spans over the same second: load.read gets 1 s, not 3."""
+    tracer = trace.get_tracer("t")
+    base = 1_000_000_000_000
+    root = tracer.start_span("Load weights", start_time=base)
+    root.set_attribute(semconv.ATTR_STAGE, semconv.STAGE_LOAD)
+    ctx = trace.set_span_in_context(root)
+    for i in range(3):
+        s = tracer.start_span(semconv.SPAN_SHARD_READ, context=ctx, start_time=base + i * 1000)
+        s.set_attribute(semconv.ATTR_STAGE, semconv.STAGE_LOAD_READ)
+        s.end(end_time=base + 1_000_000_000)
+    root.end(end_time=base + 2_000_000_000)
+    (roots,) = build_trees(_as_dicts(exporter.get_finished_spans())).values()
+    stages = self_time_by_stage(roots[0])
+    assert stages[semconv.STAGE_LOAD_READ] == pytest.approx(1.0)
+    assert stages[semconv.STAGE_LOAD] == pytest.approx(1.0)
+    assert load_shards.union_ns([(0, 10), (5, 20), (30, 40)]) == 30
+
+
+def test_rest_of_load_model_is_named_only_inside_it(exporter, hooks):
+    import torch
+
+    hooks(*load_finish.HOOKS)
+    module = torch.nn.Linear(2, 2)
+    gc.collect()
+    module.eval()
+    assert not exporter.get_finished_spans()  # outside "Load model": untouched
+    with trace.get_tracer("vllm").start_as_current_span("Load model"):
+        gc.collect()
+        assert module.eval() is module
+    release = _named(exporter, semconv.SPAN_RELEASE_MEMORY)
+    assert [s.attributes[semconv.ATTR_LOAD_RELEASE_CALL] for s in release] == ["gc.collect"]
+    assert release[0].attributes[semconv.ATTR_STAGE] == semconv.STAGE_LOAD
+    assert _named(exporter, semconv.SPAN_MODEL_EVAL)
+
+
+def test_online_quantization_check_is_named(exporter, hooks):
+    hooks(load_finish.QUANT_LOG)
+    from vllm.config import VllmConfig
+    from vllm.model_executor.model_loader import base_loader
+
+    with trace.get_tracer("vllm").start_as_current_span("Load model"):
+        base_loader.log_online_quantization(VllmConfig())
+    (span,) = _named(exporter, semconv.SPAN_ONLINE_QUANT_CHECK)
+    assert span.attributes[semconv.ATTR_STAGE] == semconv.STAGE_LOAD
+
+
+def test_storage_evidence(tmp_path):
+    assert storage.is_remote("nfs4") and storage.is_remote("fuse.s3fs")
+    assert storage.is_remote("ext4") is False and storage.is_remote(None) is None
+    f = tmp_path / "x"
+    f.write_bytes(b"1")
+    found = storage.evidence([str(f)])
+    assert found["fs_type"] and isinstance(found["remote"], bool)
+    device, rotational = storage.block_device(f)
+    assert (device is None) == (rotational is None) or rotational is None
+    assert storage.block_device(tmp_path / "missing") == (None, None)
+    assert storage.evidence([]) == {}
+
+
+def test_fastsafetensors_files_from_headers(exporter, tiny_model):
+    """The fastsafetensors wrapper over a CPU stand-in with the same signature and output (vLLM's
+    own safetensors iterator): fastsafetensors itself needs CUDA (scripts/gpu-check runs it)."""
+    from vllm.model_executor.model_loader.weight_utils import safetensors_weights_iterator
+
+    from otel_ttft.replay.gpu_check_load import check_fastsafetensors
+
+    files = [str(f) for f in checkpoint_files(tiny_model)]
+    tensors = _pass(lambda: load_formats._wrap_fastsafetensors(
+        safetensors_weights_iterator, None, (files, False), {}), "fastsafetensors")
+    assert tensors
+    weights, shards = _check_shards(exporter, files, "fastsafetensors")
+    assert sum(s.attributes[semconv.ATTR_SHARD_TENSORS] for s in shards) == len(tensors)
+    assert check_fastsafetensors(_as_dicts(exporter.get_finished_spans()), tiny_model) == []
+    assert check_fastsafetensors(_as_dicts([weights]), tiny_model)  # no shards: a problem
