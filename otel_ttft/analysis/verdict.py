@@ -21,7 +21,7 @@ from otel_ttft.analysis.breakdown import PIPELINE
 MATERIAL_SHARE = 0.10  # of the scenario's TTFT increase
 NOISE_FLOOR_S = 0.002  # below this no two runs on one machine are told apart
 NOISE_FLOOR_SHARE = 0.05  # of the baseline's TTFT: the floor when repeats are too few to measure
-NOISE_K = 2.0  # standard deviations (of baseline and scenario, combined) a delta must exceed
+NOISE_K = 3.0  # standard errors of the difference of the two medians a delta must exceed
 
 KEEP_RESIDENT = "keep-resident"
 PERSIST_ARTIFACTS = "persist-artifacts"
@@ -75,14 +75,21 @@ def median(values: Sequence[float]) -> float:
 
 
 def spread(values: Sequence[float]) -> float:
-    """Sample standard deviation across repeats; 0 with fewer than 2. Not a robust estimate on
-    purpose: one slow repeat in the baseline should make a verdict more careful, not less."""
-    return statistics.stdev(values) if len(values) >= 2 else 0.0
+    """Robust standard deviation across repeats (1.4826 x the median absolute deviation), 0 with
+    fewer than 2: the verdict compares medians, so one outlier (a request that happened to
+    compile) must not hide, or make, a verdict."""
+    if len(values) < 2:
+        return 0.0
+    mid = statistics.median(values)
+    return 1.4826 * statistics.median(abs(v - mid) for v in values)
 
 
 def noise(base: Sequence[float], scenario: Sequence[float], floor: float = NOISE_FLOOR_S
           ) -> float:
-    return max(floor, NOISE_K * math.hypot(spread(base), spread(scenario)))
+    """K standard errors of the difference of two medians (1.2533 sigma / sqrt(n) each)."""
+    error = 1.2533 * math.sqrt(spread(base) ** 2 / max(len(base), 1)
+                               + spread(scenario) ** 2 / max(len(scenario), 1))
+    return max(floor, NOISE_K * error)
 
 
 def fix_for(substage: str | None, stage: str) -> tuple[str, str]:
