@@ -136,6 +136,7 @@ class ReplayRun:
         self.progress.line(f"{scenario} #{index + 1}/{self.repeat}")
         if p.exclusive is not None:
             self.driver.switch_to(self._target(p.exclusive))
+            self._last_model = p.exclusive  # a repeat of switch-back switches again
         if p.resident:
             self.driver.keep_resident([self._target(m) for m in p.resident])
         for model in p.warm:
@@ -164,8 +165,9 @@ class ReplayRun:
                  semconv.ATTR_REPLAY_PROMPT: step.prompt,
                  semconv.ATTR_REPLAY_SWITCH_FROM: switch_from}
         # Cold: the request waited for a switch (another model or adapter made way for it) or a
-        # cold start; resident steps never wait.
-        cold = step.cold or (switch_from is not None and not step.resident)
+        # cold start; resident steps, and every step of the resident driver, never wait.
+        cold = (self.driver.name != "resident" and not step.resident
+                and (step.cold or switch_from is not None))
         metric_attrs = {semconv.ATTR_REPLAY_SCENARIO: scenario, semconv.ATTR_REQUEST_COLD: cold}
         messages = self.prompts.get(step.prompt).messages()
         with ThreadPoolExecutor(self.concurrency) as pool:
