@@ -49,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--proxy-url", help="proxy: the router's base URL")
     p.add_argument("--tokenizer", help="tokenizer dir for prompt sizing (default: model A's)")
     p.add_argument("--otlp-endpoint", default=None,
-                   help="OTLP/HTTP base URL for the replay's spans and the servers' "
+                   help="OTLP/HTTP base URL for the replay's spans and metric and the servers' "
                         f"(default $OTEL_EXPORTER_OTLP_ENDPOINT or {DEFAULT_ENDPOINT})")
     p.add_argument("--out", default=DEFAULT_OUT, help="server logs go here")
     p.add_argument("--start-timeout", default="600", help="s for a server to become healthy")
