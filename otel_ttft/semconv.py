@@ -287,6 +287,13 @@ METRIC_ACTIVATION_STAGE_LAST_DURATION = "ttft.activation.stage.last_duration"  #
 # Fraction of this process's torch.compile spans in its latest activation that hit the cache
 # (ttft.compile.cache_hit); a gauge for the same reason.
 METRIC_ACTIVATION_COMPILE_CACHE_HIT_RATIO = "ttft.activation.compile.cache_hit_ratio"  # gauge, 1
+# The replay client's TTFT (GenAI semconv client metric, streaming calls): request made -> first
+# content chunk, the value of ttft.client.time_to_first_token; TTFT_BUCKETS_S. Attributes:
+# gen_ai.operation.name, gen_ai.request.model, ttft.replay.scenario and ttft.request.cold (here:
+# the request waited for a switch or a cold start).
+METRIC_CLIENT_TIME_TO_FIRST_CHUNK = "gen_ai.client.operation.time_to_first_chunk"  # histogram, s
+GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
+GEN_AI_OPERATION_CHAT = "chat"
 
 # --- issue 11: failures, hangs and an unreachable collector ---------------------------------------
 ATTR_ACTIVATION_FAILED_STAGE = "ttft.activation.failed_stage"  # stage the activation died in

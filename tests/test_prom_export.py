@@ -32,6 +32,8 @@ from otel_ttft.sink.store import SpanStore
      "ttft_load_read_throughput_gigabytes_per_second"),
     (semconv.METRIC_SERVER_TTFT, "s", naming.HISTOGRAM,
      "gen_ai_server_time_to_first_token_seconds"),
+    (semconv.METRIC_CLIENT_TIME_TO_FIRST_CHUNK, "s", naming.HISTOGRAM,
+     "gen_ai_client_operation_time_to_first_chunk_seconds"),
     (semconv.METRIC_REQUEST_ARRIVAL_WAITING, "{request}", naming.GAUGE,
      "ttft_request_arrival_waiting_requests"),
     (semconv.METRIC_REQUEST_ARRIVAL_KV_USAGE, "1", naming.GAUGE,

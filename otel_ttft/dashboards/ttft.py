@@ -12,34 +12,52 @@ from otel_ttft.dashboards.common import (
     timeseries_panel,
     traceql_table,
 )
+from otel_ttft.prom import naming
 
 TTFT = "gen_ai_server_time_to_first_token_seconds"
 STAGE = "ttft_request_stage_duration_seconds"
+# The replay client's TTFT, as the Collector's Prometheus exporter names it. The replay is its own
+# service (job), apart from the vLLM processes that $service / $instance pick.
+CLIENT_TTFT = naming.metric_name(semconv.METRIC_CLIENT_TIME_TO_FIRST_CHUNK, "s", naming.HISTOGRAM)
+CLIENT_SEL = f'job="{semconv.REPLAY_SERVICE_NAME}", gen_ai_request_model=~"$model"'
 # Stages inside server TTFT (first_decode is after it).
 TTFT_STAGES = "|".join((semconv.STAGE_FRONTEND, semconv.STAGE_QUEUE, semconv.STAGE_PREFILL))
 
 
-def _quantile(q: float, ref: str) -> object:
+def _quantile(q: float, ref: str, metric: str = TTFT, sel: str = SEL) -> object:
     return prom(
         f"histogram_quantile({q}, sum by (gen_ai_request_model, ttft_request_cold, le) "
-        f"(rate({TTFT}_bucket{{{SEL}}}[$__rate_interval])))",
+        f"(rate({metric}_bucket{{{sel}}}[$__rate_interval])))",
         f"p{int(q * 100)} {{{{gen_ai_request_model}}}} cold={{{{ttft_request_cold}}}}", ref,
         exemplar=True)
+
+
+def _client_quantile(q: float, ref: str) -> object:
+    return _quantile(q, ref, CLIENT_TTFT, CLIENT_SEL)
 
 
 def build() -> db.Dashboard:
     return (
         new_dashboard("ttft", "otel-ttft / TTFT breakdown",
-                      "Server time to first token per model, cold vs. warm, and the share of each "
-                      "stage (frontend, queue, prefill). Exemplars open the request trace in "
-                      "Tempo.")
+                      "Server and client (replay) time to first token per model, cold vs. warm, "
+                      "and the share of each stage (frontend, queue, prefill). Exemplars open the "
+                      "request trace in Tempo.")
         .with_row(db.Row("Time to first token"))
         .with_panel(timeseries_panel(
             "Server TTFT p50 / p95 / p99 by model, cold vs. warm",
             "gen_ai.server.time_to_first_token: request arrival to first token handed to HTTP. "
             "cold=true: the first requests after an activation (OTEL_TTFT_COLD_REQUESTS) or a "
             "request that waited on warm-up work. Exemplar dots open the request's trace.",
-            "s", _quantile(0.5, "A"), _quantile(0.95, "B"), _quantile(0.99, "C"), width=16))
+            "s", _quantile(0.5, "A"), _quantile(0.95, "B"), _quantile(0.99, "C"), width=12))
+        .with_panel(timeseries_panel(
+            "Client TTFT p50 / p95 / p99 by model, cold vs. warm (replay)",
+            "gen_ai.client.operation.time_to_first_chunk from otel-ttft replay: request made to "
+            "first content chunk, as the user lives it (a switch or cold start it waited for, "
+            "the network and the server TTFT). cold=true: the request waited for a switch or a "
+            "cold start. The gap to the server TTFT is time outside the server's llm_request. "
+            "Exemplar dots open the replay.request trace.",
+            "s", _client_quantile(0.5, "A"), _client_quantile(0.95, "B"),
+            _client_quantile(0.99, "C"), width=12))
         .with_panel(timeseries_panel(
             "Cold requests: p95 TTFT of live processes",
             "Cold requests are few (the first after each activation), so this reads the "
@@ -64,7 +82,7 @@ def build() -> db.Dashboard:
             prom(f"sum by (gen_ai_request_model) (rate({TTFT}_sum{{{SEL}}}[$__rate_interval])) "
                  f"/ sum by (gen_ai_request_model) (rate({TTFT}_count{{{SEL}}}[$__rate_interval]))",
                  "{{gen_ai_request_model}}"),
-            width=16))
+            width=8))
         .with_row(db.Row("Where the time goes"))
         .with_panel(timeseries_panel(
             "Stage share of server TTFT per model (stacked)",

@@ -1,8 +1,9 @@
 """The replay client: streamed chat completions, timed and traced on the one clock.
 
-Its spans go over a real OTLP exporter from a tracer provider of its own (never the global one),
-as service ``otel-ttft-replay``. Each request's span is the root of the request's trace and is sent
-as ``traceparent``, so vLLM's ``llm_request`` becomes its child.
+Its spans and its metric (``gen_ai.client.operation.time_to_first_chunk``) go over real OTLP
+exporters from providers of its own (never the global ones), as service ``otel-ttft-replay``.
+Each request's span is the root of the request's trace and is sent as ``traceparent``, so vLLM's
+``llm_request`` becomes its child.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from typing import Any
 import httpx
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.metrics import Histogram
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
@@ -52,16 +56,42 @@ class RequestResult:
     trace_id: str | None = None
 
 
+def _resource() -> Resource:
+    return Resource.create({"service.name": semconv.REPLAY_SERVICE_NAME,
+                            "service.version": __version__})
+
+
 def make_tracer_provider(endpoint: str, exporter: SpanExporter | None = None) -> TracerProvider:
     """Our own provider exporting to ``endpoint`` (OTLP/HTTP base URL, like vLLM's)."""
     if exporter is None:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         exporter = OTLPSpanExporter(endpoint=endpoint.rstrip("/") + "/v1/traces", timeout=10)
-    provider = TracerProvider(resource=Resource.create(
-        {"service.name": semconv.REPLAY_SERVICE_NAME, "service.version": __version__}))
+    provider = TracerProvider(resource=_resource())
     provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))
     return provider
+
+
+def make_meter_provider(endpoint: str, reader: MetricReader | None = None) -> MeterProvider:
+    """Our own meter provider, OTLP/HTTP to the same ``endpoint`` as the spans (cumulative, read
+    every 5 s; the run flushes it at its end)."""
+    if reader is None:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+        reader = PeriodicExportingMetricReader(
+            OTLPMetricExporter(endpoint=endpoint.rstrip("/") + "/v1/metrics", timeout=10),
+            export_interval_millis=5000, export_timeout_millis=10_000)
+    return MeterProvider(metric_readers=[reader], resource=_resource())
+
+
+def client_ttft_histogram(meter_provider: MeterProvider) -> Histogram:
+    """``gen_ai.client.operation.time_to_first_chunk`` with our TTFT buckets: a request that
+    waits for a cold start takes minutes, far past the SDK's default 10 s."""
+    return meter_provider.get_meter("otel_ttft.replay", __version__).create_histogram(
+        semconv.METRIC_CLIENT_TIME_TO_FIRST_CHUNK, unit="s",
+        description="Time to the first content chunk of a streamed chat completion, client side "
+                    "(request made -> first chunk, switch or cold start included)",
+        explicit_bucket_boundaries_advisory=list(semconv.TTFT_BUCKETS_S))
 
 
 @dataclass
@@ -71,9 +101,13 @@ class ChatClient:
     tracer: trace.Tracer
     sampling: Sampling
     timeout_s: float = 300.0
+    meter_provider: MeterProvider | None = None  # None: no client TTFT metric
     _http: httpx.Client = field(init=False, repr=False)
+    _ttft: Histogram | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
+        if self.meter_provider is not None:
+            self._ttft = client_ttft_histogram(self.meter_provider)
         self._http = httpx.Client(timeout=httpx.Timeout(self.timeout_s, connect=10.0),
                                   event_hooks={"request": [self._on_send]})
         self._local = threading.local()  # the send hook runs in the requesting thread
@@ -91,9 +125,12 @@ class ChatClient:
                 "seed": self.sampling.seed}
 
     def request(self, model: str, messages: list[dict[str, str]],
-                before_send: Callable[[], str], attributes: Mapping[str, Any]) -> RequestResult:
+                before_send: Callable[[], str], attributes: Mapping[str, Any], *,
+                metric_attributes: Mapping[str, Any] | None = None) -> RequestResult:
         """One ``replay.request``: the span starts now (the request is made), ``before_send``
-        makes the model available (a switch) and returns the base URL, then the request goes."""
+        makes the model available (a switch) and returns the base URL, then the request goes.
+        A first chunk also records the client TTFT histogram, with ``metric_attributes`` (few,
+        low-cardinality: scenario, cold) besides the operation and the model."""
         result = RequestResult(model)
         self._local.sent_ns = None
         start = clock.now_ns()
@@ -115,6 +152,7 @@ class ChatClient:
                 span.set_attribute(semconv.ATTR_CLIENT_REQUEST_SENT_NS, result.sent_ns)
             if result.ttft_s is not None:
                 span.set_attribute(semconv.ATTR_CLIENT_TTFT, result.ttft_s)
+                self._record_ttft(result, span, metric_attributes or {})
             if result.input_tokens is not None:
                 span.set_attribute(semconv.GEN_AI_USAGE_INPUT_TOKENS, result.input_tokens)
             if result.error is None and result.ttft_s is None:
@@ -124,6 +162,16 @@ class ChatClient:
                 span.set_status(Status(StatusCode.ERROR, result.error))
             span.end(end_time=clock.now_ns())
         return result
+
+    def _record_ttft(self, result: RequestResult, span: trace.Span,
+                     extra: Mapping[str, Any]) -> None:
+        """The span's context goes with the value, so the exemplar names the request's trace."""
+        if self._ttft is None or result.ttft_s is None:
+            return
+        attrs = {semconv.GEN_AI_OPERATION_NAME: semconv.GEN_AI_OPERATION_CHAT,
+                 semconv.GEN_AI_REQUEST_MODEL: result.model,
+                 **{k: v for k, v in extra.items() if v is not None}}
+        self._ttft.record(result.ttft_s, attrs, context=trace.set_span_in_context(span))
 
     def warm(self, base_url: str, model: str, messages: list[dict[str, str]]) -> None:
         """An untraced request that puts the model in the state the scenario starts from."""

@@ -49,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--proxy-url", help="proxy: the router's base URL")
     p.add_argument("--tokenizer", help="tokenizer dir for prompt sizing (default: model A's)")
     p.add_argument("--otlp-endpoint", default=None,
-                   help="OTLP/HTTP base URL for the replay's spans and the servers' "
+                   help="OTLP/HTTP base URL for the replay's spans and metric and the servers' "
                         f"(default $OTEL_EXPORTER_OTLP_ENDPOINT or {DEFAULT_ENDPOINT})")
     p.add_argument("--out", default=DEFAULT_OUT, help="server logs go here")
     p.add_argument("--start-timeout", default="600", help="s for a server to become healthy")
@@ -231,9 +231,9 @@ def _run(driver_name: str, targets, progress, out: Path, endpoint: str, start_ti
     import httpx
 
     from otel_ttft.replay import drivers as d
-    from otel_ttft.replay.client import Sampling, make_tracer_provider
+    from otel_ttft.replay.client import Sampling, make_meter_provider, make_tracer_provider
     from otel_ttft.replay.demo import telemetry_env
-    from otel_ttft.replay.runner import ReplayRun
+    from otel_ttft.replay.runner import FLUSH_MS, ReplayRun
 
     env = {**telemetry_env(endpoint), "OTEL_BSP_SCHEDULE_DELAY": "200"}
     if driver_name == "sleep":
@@ -259,11 +259,12 @@ def _run(driver_name: str, targets, progress, out: Path, endpoint: str, start_ti
     except OSError as exc:
         raise UsageError(f"--out {out}: {exc.strerror or exc}") from None
     provider = make_tracer_provider(endpoint)
+    meter_provider = make_meter_provider(endpoint)
     progress.line(f"replay run {run.run_id}: driver {driver.name}, scenarios "
                   f"{', '.join(scenarios)} x{repeat}, spans to {endpoint}")
     try:
         with d.closing(driver):
-            run.run(provider, request_timeout)
+            run.run(provider, request_timeout, meter_provider)
     except (d.ServerStartError, d.DriverError, RuntimeError, OSError, ValueError,
             httpx.HTTPError) as exc:  # a warm-up request or a switch failed: one line
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -275,6 +276,7 @@ def _run(driver_name: str, targets, progress, out: Path, endpoint: str, start_ti
         return 130
     finally:
         provider.shutdown()
+        meter_provider.shutdown(timeout_millis=FLUSH_MS)
     failed = [r for r in run.records if r.result.error]
     _summary(run.records, progress)
     return 1 if failed else 0

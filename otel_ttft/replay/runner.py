@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from opentelemetry import context as otel_context
+from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Status, StatusCode
 
@@ -103,13 +104,15 @@ class ReplayRun:
             semconv.ATTR_REPLAY_SCENARIOS: list(self.scenarios),
         }
 
-    def run(self, provider: TracerProvider, timeout_s: float = 300.0) -> list[Record]:
-        """Every scenario, ``repeat`` times; the run span ends (and is flushed) whatever happens.
-        A server that never becomes healthy ends the run (ServerStartError propagates)."""
+    def run(self, provider: TracerProvider, timeout_s: float = 300.0,
+            meter_provider: MeterProvider | None = None) -> list[Record]:
+        """Every scenario, ``repeat`` times; the run span ends (and spans and the client TTFT
+        metric are flushed, each within FLUSH_MS) whatever happens. A server that never becomes
+        healthy ends the run (ServerStartError propagates)."""
         tracer = provider.get_tracer("otel_ttft.replay")
         span = tracer.start_span(semconv.SPAN_REPLAY_RUN, context=otel_context.Context(),
                                  start_time=clock.now_ns(), attributes=self.attributes())
-        client = ChatClient(tracer, self.sampling, timeout_s)
+        client = ChatClient(tracer, self.sampling, timeout_s, meter_provider)
         try:
             for scenario in self.scenarios:
                 for index in range(self.repeat):
@@ -121,6 +124,8 @@ class ReplayRun:
             client.close()
             span.end(end_time=clock.now_ns())
             provider.force_flush(FLUSH_MS)
+            if meter_provider is not None:
+                meter_provider.force_flush(FLUSH_MS)
         return self.records
 
     def _target(self, model: str) -> Target:
@@ -131,6 +136,7 @@ class ReplayRun:
         self.progress.line(f"{scenario} #{index + 1}/{self.repeat}")
         if p.exclusive is not None:
             self.driver.switch_to(self._target(p.exclusive))
+            self._last_model = p.exclusive  # a repeat of switch-back switches again
         if p.resident:
             self.driver.keep_resident([self._target(m) for m in p.resident])
         for model in p.warm:
@@ -158,9 +164,15 @@ class ReplayRun:
                  semconv.ATTR_REPLAY_REPEAT_INDEX: index,
                  semconv.ATTR_REPLAY_PROMPT: step.prompt,
                  semconv.ATTR_REPLAY_SWITCH_FROM: switch_from}
+        # Cold: the request waited for a switch (another model or adapter made way for it) or a
+        # cold start; resident steps, and every step of the resident driver, never wait.
+        cold = (self.driver.name != "resident" and not step.resident
+                and (step.cold or switch_from is not None))
+        metric_attrs = {semconv.ATTR_REPLAY_SCENARIO: scenario, semconv.ATTR_REQUEST_COLD: cold}
         messages = self.prompts.get(step.prompt).messages()
         with ThreadPoolExecutor(self.concurrency) as pool:
-            futures = [pool.submit(client.request, step.model, messages, before_send, attrs)
+            futures = [pool.submit(client.request, step.model, messages, before_send, attrs,
+                                   metric_attributes=metric_attrs)
                        for _ in range(self.concurrency)]
             results = [f.result() for f in futures]
         self._last_model = step.model
