@@ -26,13 +26,14 @@ pytestmark = pytest.mark.vllm
 MAX_MODEL_LEN = 512
 
 
-def _run(tracer, run_id: str, concurrency: int, prompts, steps, url: str, model: str) -> None:
+def _run(tracer, run_id: str, concurrency: int, prompts, steps, url: str, model: str,
+         max_tokens: int = 8) -> None:
     """One replay run span; ``steps`` are (scenario, prompt kind, how many) in order."""
     from concurrent.futures import ThreadPoolExecutor
 
     from opentelemetry import context as otel_context
 
-    client = ChatClient(tracer, Sampling(max_tokens=8))
+    client = ChatClient(tracer, Sampling(max_tokens=max_tokens))
     run = tracer.start_span(semconv.SPAN_REPLAY_RUN, context=otel_context.Context(), attributes={
         semconv.ATTR_REPLAY_RUN_ID: run_id, semconv.ATTR_REPLAY_DRIVER: "resident",
         semconv.ATTR_REPLAY_MODELS: [model], semconv.ATTR_REPLAY_CLIENT: "verdict-test",
@@ -91,14 +92,18 @@ def test_verdicts_name_the_cause_the_test_made(receiver, tiny_model, tmp_path, c
     args = ("--num-gpu-blocks-override", "6")
     provider = make_tracer_provider(receiver.http_endpoint)
     tracer = provider.get_tracer("verdict-test")
-    prompts = build_prompts(tokenizer_counter(model), MAX_MODEL_LEN, 8)
+    counter = tokenizer_counter(model)
+    prompts = build_prompts(counter, MAX_MODEL_LEN, 8)
     with VllmServer(tiny_model, env=env, extra_args=args,
                     log_path=tmp_path / "server.log") as server:
         _run(tracer, "sequential", 1, prompts, [
             ("first-request", "short", 1), (semconv.SCENARIO_SHORT_PROMPT, "short", 4),
             (semconv.SCENARIO_LONG_PROMPT, "long", 3)], server.url, model)
-        _run(tracer, "burst", 6, prompts, [
-            ("short-burst", "short", 2), ("tiny-kv-burst", "long", 1)], server.url, model)
+        # 64 tokens each: a long request holds 4 of the 6 blocks for its whole generation, so the
+        # others wait in the queue; six short ones (one block each) all fit at once.
+        _run(tracer, "burst", 6, build_prompts(counter, MAX_MODEL_LEN, 64), [
+            ("short-burst", "short", 2), ("tiny-kv-burst", "long", 1)], server.url, model,
+            max_tokens=64)
         provider.force_flush()
         _wait_for(receiver.store.directory, {"all": 1 + 4 + 3 + 12 + 6})
     provider.shutdown()
