@@ -23,7 +23,7 @@ from tests.export_env import EXPORT_ENV
 
 pytestmark = pytest.mark.vllm
 
-MAX_MODEL_LEN = 512
+MAX_MODEL_LEN = 640  # the most six KV blocks serve here: a long prompt fills the cache
 
 
 def _run(tracer, run_id: str, concurrency: int, prompts, steps, url: str, model: str,
@@ -89,7 +89,7 @@ def test_verdicts_name_the_cause_the_test_made(receiver, tiny_model, tmp_path, c
     model = str(tiny_model)
     env = {**EXPORT_ENV, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.http_endpoint,
            "VLLM_CPU_CI_ENV": "1"}
-    args = ("--num-gpu-blocks-override", "6")
+    args = ("--num-gpu-blocks-override", "6", "--max-model-len", str(MAX_MODEL_LEN))
     provider = make_tracer_provider(receiver.http_endpoint)
     tracer = provider.get_tracer("verdict-test")
     counter = tokenizer_counter(model)
@@ -97,15 +97,15 @@ def test_verdicts_name_the_cause_the_test_made(receiver, tiny_model, tmp_path, c
     with VllmServer(tiny_model, env=env, extra_args=args,
                     log_path=tmp_path / "server.log") as server:
         _run(tracer, "sequential", 1, prompts, [
-            ("first-request", "short", 1), (semconv.SCENARIO_SHORT_PROMPT, "short", 4),
-            (semconv.SCENARIO_LONG_PROMPT, "long", 3)], server.url, model)
+            ("first-request", "short", 1), (semconv.SCENARIO_SHORT_PROMPT, "short", 8),
+            (semconv.SCENARIO_LONG_PROMPT, "long", 4)], server.url, model)
         # 64 tokens each: a long request holds 4 of the 6 blocks for its whole generation, so the
         # others wait in the queue; six short ones (one block each) all fit at once.
         _run(tracer, "burst", 6, build_prompts(counter, MAX_MODEL_LEN, 64), [
             ("short-burst", "short", 2), ("tiny-kv-burst", "long", 1)], server.url, model,
             max_tokens=64)
         provider.force_flush()
-        _wait_for(receiver.store.directory, {"all": 1 + 4 + 3 + 12 + 6})
+        _wait_for(receiver.store.directory, {"all": 1 + 8 + 4 + 12 + 6})
     provider.shutdown()
     store = receiver.store.directory
 
