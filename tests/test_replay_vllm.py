@@ -1,5 +1,7 @@
 """``otel-ttft replay`` end to end on real vLLM (CPU build, the two tiny models), restart driver:
-cold-switch, switch-back and short-prompt (three server starts), spans into a real receiver.
+cold-switch, switch-back and short-prompt (three server starts), spans into a real receiver, then
+``otel-ttft analyze`` on them. B's checkpoint sits on "slow storage": a test plugin (on B's
+PYTHONPATH only) sleeps in every shard read, so the verdict for the cold switch must be load.
 
 The servers run from user-given templates (``--serve-a/-b``) with ``--enforce-eager``: the test is
 about the spans arriving and lining up; a cold torch.compile would only add a minute per start."""
@@ -7,10 +9,12 @@ about the spans arriving and lining up; a cold torch.compile would only add a mi
 from __future__ import annotations
 
 import json
+import shlex
+from pathlib import Path
 
 import pytest
 
-from otel_ttft import semconv, tiny_model
+from otel_ttft import cli, semconv, tiny_model
 from otel_ttft.replay.command import run_argv
 from otel_ttft.replay.drivers import DEFAULT_TEMPLATE
 
@@ -20,14 +24,60 @@ SCENARIOS = ("cold-switch", "switch-back", "short-prompt")
 EAGER = DEFAULT_TEMPLATE + " --enforce-eager"
 
 
+SLOW_READ_S = 4.0  # per shard of B (6 shards): slow storage, as a NAS would be
+SLOW_PLUGIN = """
+import os, time
+
+
+def register():
+    from vllm.model_executor.model_loader import weight_utils
+
+    if getattr(weight_utils, "_ttft_test_slow", False):
+        return
+    weight_utils._ttft_test_slow = True
+    inner_open, delay = weight_utils.safe_open, float(os.environ["TTFT_TEST_SLOW_READ_S"])
+
+    class Slow:
+        def __init__(self, f):
+            self._f = f
+
+        def __enter__(self):
+            self._f.__enter__()
+            time.sleep(delay)  # inside the shard's read: the bytes take this long to arrive
+            return self
+
+        def __exit__(self, *exc):
+            return self._f.__exit__(*exc)
+
+        def __getattr__(self, name):
+            return getattr(self._f, name)
+
+    weight_utils.safe_open = lambda *a, **k: Slow(inner_open(*a, **k))
+"""
+
+
+def _slow_storage_plugin(tmp_path: Path) -> Path:
+    """A vLLM general plugin (entry point) that slows every checkpoint shard read."""
+    root = tmp_path / "ttft_test_slow"
+    dist = root / "ttft_test_slow-0.0.dist-info"
+    dist.mkdir(parents=True)
+    (root / "ttft_test_slow.py").write_text(SLOW_PLUGIN)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ttft-test-slow\nVersion: 0.0\n")
+    (dist / "entry_points.txt").write_text(
+        "[vllm.general_plugins]\nttft_test_slow = ttft_test_slow:register\n")
+    return root
+
+
 def _named(spans, name):
     return [s for s in spans if s["name"] == name]
 
 
 def test_replay_restart_driver_traces_the_switch_end_to_end(receiver, tmp_path):
+    slow_b = (f"env PYTHONPATH={shlex.quote(str(_slow_storage_plugin(tmp_path)))} "
+              f"TTFT_TEST_SLOW_READ_S={SLOW_READ_S} " + EAGER)
     rc = run_argv(["--scenarios", ",".join(SCENARIOS), "--otlp-endpoint", receiver.http_endpoint,
                    "--out", str(tmp_path / "logs"), "--max-tokens", "4",
-                   "--serve-a", EAGER, "--serve-b", EAGER])
+                   "--serve-a", EAGER, "--serve-b", slow_b])
     assert rc == 0, f"replay failed; server logs in {tmp_path / 'logs'}"
     name_a, name_b = tiny_model.MODEL_NAME, tiny_model.MODEL_B_NAME
 
@@ -97,3 +147,22 @@ def test_replay_restart_driver_traces_the_switch_end_to_end(receiver, tmp_path):
                if s["trace_id"] == b_root["trace_id"]]
     assert len(b_reads) == len(tiny_model.checkpoint_files(tiny_model.ensure_tiny_model_b()))
     assert all(s["attributes"][semconv.ATTR_PAGE_CACHE_RESIDENT] < 0.5 for s in b_reads)
+    assert all(s["end_ns"] - s["start_ns"] >= SLOW_READ_S * 1e9 for s in b_reads)
+
+    # The main job on these spans: the cold switch is blamed on the slow checkpoint reads (load
+    # comes before warm-up in the pipeline and grew by far more than 10 % of the increase).
+    out = tmp_path / "analysis.json"
+    assert cli.main(["analyze", str(receiver.store.directory), "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert set(doc["scenarios"]) == set(SCENARIOS)
+    for r in doc["requests"]:
+        assert set(r["stages"]) == set(semconv.TTFT_PIPELINE)
+        assert sum(r["stages"].values()) == pytest.approx(r["client_ttft_s"], rel=0.01)
+    verdicts = {v["scenario"]: v for v in doc["verdicts"]}
+    cold_verdict = verdicts["cold-switch"]
+    assert (cold_verdict["stage"], cold_verdict["substage"], cold_verdict["recommendation"]) == (
+        "load", "load.read", "keep-resident"), cold_verdict
+    assert cold_verdict["evidence"]["bytes_read_p50"] > 0
+    assert cold_verdict["evidence"]["page_cache_resident_ratio_p50"] < 0.5
+    # switch-back re-read A from the page cache and was not slowed: not a loading problem
+    assert verdicts["switch-back"]["stage"] in ("switch", "warmup"), verdicts["switch-back"]
