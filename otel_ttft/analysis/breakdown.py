@@ -15,14 +15,13 @@ activation it links to (``ttft.link.kind=activation``), else to one of its model
 
 from __future__ import annotations
 
-import heapq
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from otel_ttft import semconv
-from otel_ttft.analysis.traces import SpanNode, build_trees
+from otel_ttft.analysis.traces import SpanNode, build_trees, staged_segments
 
 _NS = 1e9
 PIPELINE = semconv.TTFT_PIPELINE
@@ -206,7 +205,7 @@ def _activation(root: SpanNode) -> ActivationSummary:
         model=_str(a.get(semconv.GEN_AI_REQUEST_MODEL)),
         kind=_str(a.get(semconv.ATTR_ACTIVATION_KIND)) or "start",
         start_ns=root.start_ns, end_ns=root.end_ns,
-        segments=staged_segments(root, root.start_ns, root.end_ns, semconv.STAGE_WARMUP),
+        segments=_segments(root, root.start_ns, root.end_ns, semconv.STAGE_WARMUP),
         bytes_read=shard_bytes or load_bytes,
         resident_ratio=weighted / weight if weight else None,
         compile_cache_hit=(all(hits) if hits else None),
@@ -223,7 +222,7 @@ def _request(node: SpanNode) -> RequestSummary | None:
         return None  # the request never produced a token
     arrival = node.start_ns
     server_end = arrival + int((server_ttft or 0.0) * _NS)
-    segments = staged_segments(node, arrival, server_end, semconv.STAGE_FRONTEND) \
+    segments = _segments(node, arrival, server_end, semconv.STAGE_FRONTEND) \
         if server_ttft is not None else []
     link = next((lk.get("trace_id") for lk in node.span.get("links") or []
                  if isinstance(lk, dict) and (lk.get("attributes") or {}).get(
@@ -278,48 +277,12 @@ def _replay_ancestor(node: SpanNode) -> SpanNode | None:
 
 
 # --- tiling -------------------------------------------------------------------------------------
-def staged_segments(root: SpanNode, lo: int, hi: int, default: str | None) -> list[Segment]:
-    """Tile ``[lo, hi]``: each instant goes to the deepest span under ``root`` carrying a stage
-    (among equals the one that started last); uncovered instants to ``default`` (or are left
-    out when it is None). A sweep over the span boundaries: O(n log n)."""
-    if hi <= lo:
-        return []
-    items: list[tuple[int, int, int, int, str]] = []  # start, end, depth, start order, stage
-    stack = [(root, 0)]
-    while stack:
-        node, depth = stack.pop()
-        stack.extend((child, depth + 1) for child in node.children)
-        start, end = max(node.start_ns, lo), min(node.end_ns, hi)
-        stage = node.stage
-        if stage and end > start and stage != semconv.STAGE_FIRST_DECODE:
-            items.append((start, end, depth, node.start_ns, stage))
-    items.sort()
-    out: list[Segment] = []
-    if all(a[1] <= b[0] for a, b in zip(items, items[1:], strict=False)):
-        # Nothing nested or overlapping (a request's stage children tile it): no sweep needed.
-        cursor = lo
-        for start, end, _, _, stage in items:
-            if start > cursor and default is not None:
-                _append(out, cursor, start, default)
-            _append(out, start, end, stage)
-            cursor = end
-        if cursor < hi and default is not None:
-            _append(out, cursor, hi, default)
-        return out
-    bounds = sorted({lo, hi, *(i[0] for i in items), *(i[1] for i in items)})
-    active: list[tuple[int, int, int, str]] = []  # (-depth, -start order, end, stage)
-    k = 0
-    for a, b in zip(bounds, bounds[1:], strict=False):
-        while k < len(items) and items[k][0] <= a:
-            s, e, depth, order, stage = items[k]
-            heapq.heappush(active, (-depth, -order, e, stage))
-            k += 1
-        while active and active[0][2] <= a:
-            heapq.heappop(active)
-        stage = active[0][3] if active else default
-        if stage is not None:
-            _append(out, a, b, stage)
-    return out
+_NOT_TTFT = frozenset({semconv.STAGE_FIRST_DECODE})
+
+
+def _segments(root: SpanNode, lo: int, hi: int, default: str | None) -> list[Segment]:
+    """The stage tiling of ``[lo, hi]`` under ``root``; the first decode is after any TTFT."""
+    return staged_segments(root, lo, hi, default, _NOT_TTFT)
 
 
 def _append(out: list[Segment], start: int, end: int, stage: str) -> None:

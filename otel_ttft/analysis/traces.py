@@ -303,43 +303,63 @@ def coverage(node: SpanNode) -> float:
     return _union_ns((s, e) for s, e in clipped if e > s) / length
 
 
-def self_time_by_stage(root: SpanNode) -> dict[str, float]:
-    """Seconds of the root's interval per stage: each instant goes to the deepest span covering it
-    that carries ``ttft.stage`` (among equals, the one that started last: the innermost in
-    practice); instants no stage span covers go to ``unattributed``. A sweep over start and end
-    points with a heap of open spans: O(n log n)."""
-    lo, hi = root.start_ns, root.end_ns
-    result: dict[str, float] = {}
+def staged_segments(root: SpanNode, lo: int, hi: int, default: str | None,
+                    skip: frozenset[str] = frozenset()) -> list[tuple[int, int, str]]:
+    """Tile ``[lo, hi]`` as ``(start, end, stage)``: each instant goes to the deepest span under
+    ``root`` carrying ``ttft.stage`` (among equals the one that started last: the innermost in
+    practice); uncovered instants to ``default`` (left out when None); stages in ``skip`` are
+    ignored. A sweep over the span boundaries with a heap of open spans: O(n log n)."""
     if hi <= lo:
-        return result
-    events: list[tuple[int, int, int]] = []  # (time, 0 end / 1 start, index into staged)
-    staged: list[tuple[int, int, str]] = []  # (depth, start, stage)
+        return []
+    items: list[tuple[int, int, int, int, str]] = []  # start, end, depth, start order, stage
     stack = [(root, 0)]
     while stack:
         node, depth = stack.pop()
         stack.extend((child, depth + 1) for child in node.children)
         start, end = max(node.start_ns, lo), min(node.end_ns, hi)
         stage = node.stage
-        if stage and end > start:
-            events.append((start, 1, len(staged)))
-            events.append((end, 0, len(staged)))
-            staged.append((depth, node.start_ns, stage))
-    events.sort()
-    open_heap: list[tuple[int, int, int]] = []  # (-depth, -start, index): the winner on top
-    closed: set[int] = set()
-    cursor = lo
-    for time_ns, is_start, index in events:
-        if time_ns > cursor:
-            while open_heap and open_heap[0][2] in closed:
-                heapq.heappop(open_heap)
-            stage = staged[open_heap[0][2]][2] if open_heap else UNATTRIBUTED
-            result[stage] = result.get(stage, 0.0) + (time_ns - cursor) / _NS
-            cursor = time_ns
-        if is_start:
-            depth, start, _ = staged[index]
-            heapq.heappush(open_heap, (-depth, -start, index))
-        else:
-            closed.add(index)
-    if hi > cursor:
-        result[UNATTRIBUTED] = result.get(UNATTRIBUTED, 0.0) + (hi - cursor) / _NS
+        if stage and end > start and stage not in skip:
+            items.append((start, end, depth, node.start_ns, stage))
+    items.sort()
+    out: list[tuple[int, int, str]] = []
+    if all(a[1] <= b[0] for a, b in zip(items, items[1:], strict=False)):
+        # Nothing nested or overlapping (a request's stage children tile it): no sweep needed.
+        cursor = lo
+        for start, end, _, _, stage in items:
+            if start > cursor and default is not None:
+                _append(out, cursor, start, default)
+            _append(out, start, end, stage)
+            cursor = end
+        if cursor < hi and default is not None:
+            _append(out, cursor, hi, default)
+        return out
+    bounds = sorted({lo, hi, *(i[0] for i in items), *(i[1] for i in items)})
+    active: list[tuple[int, int, int, str]] = []  # (-depth, -start order, end, stage)
+    k = 0
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        while k < len(items) and items[k][0] <= a:
+            _, e, depth, order, stage = items[k]
+            heapq.heappush(active, (-depth, -order, e, stage))
+            k += 1
+        while active and active[0][2] <= a:
+            heapq.heappop(active)
+        stage = active[0][3] if active else default
+        if stage is not None:
+            _append(out, a, b, stage)
+    return out
+
+
+def _append(out: list[tuple[int, int, str]], start: int, end: int, stage: str) -> None:
+    if out and out[-1][2] == stage and out[-1][1] == start:
+        out[-1] = (out[-1][0], end, stage)
+    else:
+        out.append((start, end, stage))
+
+
+def self_time_by_stage(root: SpanNode) -> dict[str, float]:
+    """Seconds of the root's interval per stage (see ``staged_segments``); instants no stage span
+    covers go to ``unattributed``."""
+    result: dict[str, float] = {}
+    for start, end, stage in staged_segments(root, root.start_ns, root.end_ns, UNATTRIBUTED):
+        result[stage] = result.get(stage, 0.0) + (end - start) / _NS
     return result
