@@ -214,3 +214,23 @@ def test_cli_analyze_missing_and_unwritable(tmp_path: Path,
     with pytest.raises(SystemExit) as exc:
         cli.main(["analyze", str(path), "--limit", "-3"])
     assert exc.value.code == 2
+
+
+def test_tokenizing_a_long_prompt_does_not_hide_its_prefill() -> None:
+    """Seen on real vLLM: 624 tokens took +3 ms to tokenize and +14 ms to prefill. The front end
+    comes first in time but is not in the causal chain; prefill is what to change."""
+    spans = fx.run_span()
+    spans += fx.warm_requests(semconv.SCENARIO_SHORT_PROMPT, "A", 10.0, frontend_in=0.008)
+    spans += fx.warm_requests(semconv.SCENARIO_LONG_PROMPT, "A", 20.0, frontend_in=0.011,
+                              prefill=0.024, tokens=624)
+    v = verdict_for(run(spans), semconv.SCENARIO_LONG_PROMPT)
+    assert (v["stage"], v["recommendation"]) == ("prefill", "tune-context")
+    assert "frontend also grew (+0.003 s), less than prefill" in v["evidence"]["note"]
+
+
+def test_a_slow_network_outweighing_prefill_is_named() -> None:
+    spans = fx.run_span()
+    spans += fx.warm_requests(semconv.SCENARIO_SHORT_PROMPT, "A", 10.0)
+    spans += fx.warm_requests("via-proxy", "A", 20.0, network_out=0.2, prefill=0.04)
+    v = verdict_for(run(spans), "via-proxy")
+    assert (v["stage"], v["recommendation"]) == ("network", "none")

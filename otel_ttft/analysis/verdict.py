@@ -7,6 +7,11 @@ grew most picks the fix. Two guards keep a switch from being blamed for what it 
 a load whose bytes read and resident state did not change is not a loading problem, and on a
 warm, resident model whose TTFT tracks prompt length or concurrency the verdict is prefill or
 queue, with a note that the switch was only correlated.
+
+"Earliest" is about cause: a slow load delays everything after it, so the stage that expanded
+first is the one to fix. The front end (tokenize, detokenize) and the network sit beside that
+chain, not in it: a longer prompt also takes longer to tokenize, yet the fix is context policy.
+They are named only when they grew more than the stage the walk chose.
 """
 
 from __future__ import annotations
@@ -28,6 +33,10 @@ PERSIST_ARTIFACTS = "persist-artifacts"
 TUNE_ADMISSION = "tune-admission"
 TUNE_CONTEXT = "tune-context"
 NONE = "none"
+
+# Stages outside the article's causal chain (load -> warm-up -> queue -> prefill): they never
+# make a later stage wait, so pipeline order says nothing about them.
+SIDE_STAGES = (semconv.STAGE_FRONTEND, semconv.STAGE_NETWORK)
 
 # sub-stage (or stage family) -> (fix, what to change): DESIGN.md's stage table.
 FIXES: dict[str, tuple[str, str]] = {
@@ -117,17 +126,21 @@ def verdict(scenario: str, baseline: str, rows: list[dict], base_rows: list[dict
         base_values = [r["stages"][stage] for r in base_rows]
         deltas[stage] = (median(values) - median(base_values), noise(base_values, floor))
     skipped = []
-    chosen = None
-    for stage in PIPELINE:
-        delta, stage_noise = deltas[stage]
-        if delta <= stage_noise or delta < MATERIAL_SHARE * increase:
-            continue
-        if stage == semconv.STAGE_LOAD and _load_unchanged(evidence):
-            skipped.append("load grew but bytes read and resident state did not change: not "
-                           "blamed on loading")
-            continue
-        chosen = stage
-        break
+    material = [s for s in PIPELINE
+                if deltas[s][0] > deltas[s][1] and deltas[s][0] >= MATERIAL_SHARE * increase]
+    if semconv.STAGE_LOAD in material and _load_unchanged(evidence):
+        material.remove(semconv.STAGE_LOAD)
+        skipped.append("load grew but bytes read and resident state did not change: not "
+                       "blamed on loading")
+    chain = [s for s in material if s not in SIDE_STAGES]
+    side = [s for s in material if s in SIDE_STAGES]
+    chosen = chain[0] if chain else None
+    largest_side = max(side, key=lambda s: deltas[s][0], default=None)
+    if largest_side and (chosen is None or deltas[largest_side][0] > deltas[chosen][0]):
+        chosen = largest_side
+    elif largest_side:
+        skipped.append(f"{largest_side} also grew (+{deltas[largest_side][0]:.3f} s), less "
+                       f"than {chosen}")
     if chosen is None:  # spread thin over several stages: name the one that grew most
         chosen = max(PIPELINE, key=lambda s: deltas[s][0])
         skipped.append("no single stage grew by 10 % of the increase; naming the largest")
