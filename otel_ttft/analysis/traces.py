@@ -346,14 +346,27 @@ def staged_segments(root: SpanNode, lo: int, hi: int, default: str | None,
     stack = [(root, 0)]
     while stack:
         node, depth = stack.pop()
-        stack.extend((child, depth + 1) for child in node.children)
-        start, end = max(node.start_ns, lo), min(node.end_ns, hi)
+        if node.children:
+            depth1 = depth + 1
+            stack.extend([(child, depth1) for child in node.children])
         stage = node.stage
-        if stage and end > start and stage not in skip:
-            items.append((start, end, depth, node.start_ns, stage))
+        if stage and stage not in skip:
+            start, end = node.start_ns, node.end_ns
+            if start < lo:
+                start = lo
+            if end > hi:
+                end = hi
+            if end > start:
+                items.append((start, end, depth, node.start_ns, stage))
     items.sort()
     out: list[tuple[int, int, str]] = []
-    if all(a[1] <= b[0] for a, b in zip(items, items[1:], strict=False)):
+    tiled, previous_end = True, lo  # every start is >= lo (clipped above)
+    for item in items:
+        if item[0] < previous_end:
+            tiled = False
+            break
+        previous_end = item[1]
+    if tiled:
         # Nothing nested or overlapping (a request's stage children tile it): no sweep needed.
         cursor = lo
         for start, end, _, _, stage in items:
