@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterator
+from itertools import groupby
+from operator import itemgetter
 from pathlib import Path
 
 import msgspec
@@ -80,17 +82,12 @@ def read_spans(path: Path, *, where: str = "", params: tuple = (),
 def read_traces(path: Path, trace_id: str | None = None) -> Iterator[list[dict]]:
     """One trace's spans per item, in trace-id order, streamed through the trace-id index;
     ``trace_id``: only that one."""
-    current: list[dict] = []
-    current_id = None
     where, params = ("WHERE trace_id = ?", (trace_id,)) if trace_id else ("", ())
-    for span in _spans(path, where, params, "trace_id, id"):
-        if span["trace_id"] != current_id:
-            if current:
-                yield current
-            current, current_id = [], span["trace_id"]
-        current.append(span)
-    if current:
-        yield current
+    for _, spans in groupby(_spans(path, where, params, "trace_id, id"), _TRACE_ID):
+        yield list(spans)
+
+
+_TRACE_ID = itemgetter("trace_id")
 
 
 def read_metric_points(path: Path) -> Iterator[dict]:
