@@ -1,4 +1,4 @@
-"""`tree` (and `analyze`, when the CLI has it) over a store of 1,000,000 spans: 100,000 request
+"""`tree` and `analyze` over a store of 1,000,000 spans: 100,000 request
 trees and 20 activations, written straight through the store API in batches.
 
 Each command runs in its own process, timed wall-clock, with its peak RSS from the kernel
@@ -165,10 +165,18 @@ def main() -> int:
                            capture_output=True)
     if probe.returncode == 0:
         runs["otel-ttft analyze"] = [py, "-m", "otel_ttft.cli", "analyze", str(args.store)]
+        # with the document written: every request's segments too, and a 100+ MB file
+        json_out = Path(tempfile.mkdtemp(prefix="otel-ttft-1m-json-")) / "analysis.json"
+        runs["otel-ttft analyze --json"] = [py, "-m", "otel_ttft.cli", "analyze",
+                                            str(args.store), "--json", str(json_out)]
     for label, argv in runs.items():
+        load = os.getloadavg()[0]
         wall, cpu, rss, tail = timed(argv)
-        print(f"{label:<26} {wall:6.1f} s wall  {cpu:6.1f} s CPU  peak RSS {rss:5.0f} MiB  "
-              f"({tail})")
+        print(f"{label:<26} load {load:4.1f}  {wall:6.1f} s wall  {cpu:6.1f} s CPU  "
+              f"peak RSS {rss:5.0f} MiB  ({tail})")
+    if probe.returncode == 0:
+        json_out.unlink(missing_ok=True)
+        json_out.parent.rmdir()
     if tmp is not None:
         tmp.cleanup()
     return 0

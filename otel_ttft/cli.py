@@ -136,7 +136,8 @@ def _analyze(args: argparse.Namespace) -> int:
 
     try:
         collected = collect(iter_traces(args.source, since_s=args.since, limit=args.limit))
-        doc = analyze(collected, baseline=args.baseline, run_id=args.run, source=args.source)
+        doc = analyze(collected, baseline=args.baseline, run_id=args.run, source=args.source,
+                      segments=bool(args.json))  # the table does not draw them
     except (SourceError, AnalysisError) as exc:
         print(f"otel-ttft analyze: {exc}", file=sys.stderr)
         return 2

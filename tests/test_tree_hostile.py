@@ -64,6 +64,15 @@ def test_parent_cycles_and_self_parent(tmp_path: Path, capsys) -> None:
              span(5, parent=2)]  # hangs off the cycle
     trees = build_trees(spans)[TRACE]
     assert sorted(n.span_id for r in trees for n in r.walk()) == [f"{i:016x}" for i in range(1, 6)]
+    roots = {r.span_id: sorted(c.span_id for c in r.children) for r in trees}
+    # every span on a cycle is a root (keeping its children off the cycle), and so is a span
+    # that is its own parent; a well-formed trace in the same input is unaffected
+    assert roots == {f"{1:016x}": [], f"{2:016x}": [f"{5:016x}"], f"{3:016x}": [],
+                     f"{4:016x}": []}
+    well_formed = [span(1), span(2, parent=1), span(3, parent=2)]
+    chain = build_trees(well_formed)[TRACE]
+    assert len(chain) == 1 and [n.span_id for n in chain[0].walk()] == [
+        f"{i:016x}" for i in (1, 2, 3)]
     assert cli.main(["tree", str(write(tmp_path / "c.jsonl", spans))]) == 0
 
 
@@ -166,3 +175,18 @@ def test_garbage_store_file(tmp_path: Path, capsys) -> None:
     err = capsys.readouterr().err
     assert "not a readable store" in err and len(err.strip().splitlines()) == 1
     assert _cli("sink", "--dir", str(tmp_path), "--http-port", "0").returncode == 2
+
+
+@pytest.mark.parametrize("data", ["{not json", "[1, 2]", ""])
+def test_corrupt_span_row_in_store(tmp_path: Path, capsys, data: str) -> None:
+    """A row whose stored JSON was damaged outside the sink: one line naming the span, exit 2."""
+    import sqlite3
+
+    store = SpanStore(tmp_path)
+    store.add_spans([span(1), span(2, parent=1)])
+    store.close()
+    with sqlite3.connect(store.db_path) as conn:
+        conn.execute("UPDATE spans SET data = ? WHERE span_id = ?", (data, f"{2:016x}"))
+    assert cli.main(["tree", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{2:016x}" in err and "data is not" in err, err

@@ -42,8 +42,11 @@ def default_baseline(scenario: str, scenarios: Iterable[str]) -> str | None:
 
 
 def analyze(collected: Collected, *, baseline: str | None = None, run_id: str | None = None,
-            source: str = "") -> dict:
-    """The analysis document for everything collected (one replay run, or live traffic)."""
+            source: str = "", segments: bool = True) -> dict:
+    """The analysis document for everything collected (one replay run, or live traffic).
+    ``segments=False`` leaves out each request's ``segments`` (the tiling the HTML report
+    draws): the terminal table does not need them, and over 100,000 requests they are most of
+    the memory."""
     runs = collected.runs
     if run_id is not None:
         if run_id not in runs:
@@ -67,7 +70,7 @@ def analyze(collected: Collected, *, baseline: str | None = None, run_id: str | 
             errors.append({"trace_id": request.trace_id, "scenario": scenario_of(request),
                            "model": request.model, "error": request.error})
             continue
-        records.append(request_record(request, collected))
+        records.append(request_record(request, collected, segments=segments))
     scenarios = summarize(records)
     verdicts = []
     for name in scenarios:
@@ -91,20 +94,21 @@ def analyze(collected: Collected, *, baseline: str | None = None, run_id: str | 
             "verdicts": verdicts}
 
 
-def request_record(request: RequestSummary, collected: Collected) -> dict:
+def request_record(request: RequestSummary, collected: Collected, *,
+                   segments: bool = True) -> dict:
     activation = breakdown.join_activation(request, collected.activations)
     switches = breakdown.join_switches(request, collected.switches)
-    segments = breakdown.tile_request(request, activation, switches)
+    tiles = breakdown.tile_request(request, activation, switches)
     stages = dict.fromkeys(PIPELINE, 0.0)
     substages: dict[str, float] = {}
-    for start, end, stage in segments:
+    for start, end, stage in tiles:
         seconds = (end - start) / _NS
         family = stage.partition(".")[0]
         stages[family] = stages.get(family, 0.0) + seconds
         substages[stage] = substages.get(stage, 0.0) + seconds
     hits = [h for h in (activation.compile_cache_hit if activation else None,
                         request.compile_cache_hit) if h is not None]
-    return {
+    record = {
         "trace_id": request.trace_id,
         "scenario": scenario_of(request),
         "model": request.model,
@@ -123,11 +127,13 @@ def request_record(request: RequestSummary, collected: Collected) -> dict:
         },
         "activation_trace_id": activation.trace_id if activation else None,
         "waiting_at_arrival": request.waiting_at_arrival,
-        "segments": [{"stage": stage.partition(".")[0], "substage": stage,
-                      "start_s": round((start - request.start_ns) / _NS, 6),
-                      "duration_s": round((end - start) / _NS, 6)}
-                     for start, end, stage in segments],
     }
+    if segments:
+        record["segments"] = [{"stage": stage.partition(".")[0], "substage": stage,
+                               "start_s": round((start - request.start_ns) / _NS, 6),
+                               "duration_s": round((end - start) / _NS, 6)}
+                              for start, end, stage in tiles]
+    return record
 
 
 def summarize(records: list[dict]) -> dict[str, dict]:

@@ -21,6 +21,7 @@ from otel_ttft.sink.store_read import read_spans, read_traces
 
 UNATTRIBUTED = "unattributed"
 _VLLM_STAGES = semconv.VLLM_SPAN_STAGES
+_ATTR_STAGE = semconv.ATTR_STAGE
 _NS = 1e9
 _OTLP_TRACE_KEYS = ("resourceSpans", "resource_spans")
 _OTLP_OTHER_KEYS = ("resourceMetrics", "resource_metrics", "resourceLogs", "resource_logs")
@@ -169,11 +170,15 @@ class SpanNode:
         attributes, resource = get("attributes"), get("resource")
         # type() is, not isinstance: bool is no time, and this runs once per span of a million
         self.name: str = name if type(name) is str else ""
-        self.start_ns: int = start if type(start) is int else 0
-        self.end_ns: int = end if type(end) is int and end > self.start_ns else self.start_ns
-        self.attributes: dict = attributes if type(attributes) is dict else {}
+        if type(start) is not int:
+            start = 0
+        self.start_ns: int = start
+        self.end_ns: int = end if type(end) is int and end > start else start
+        if type(attributes) is not dict:
+            attributes = {}
+        self.attributes: dict = attributes
         self.resource: dict = resource if type(resource) is dict else {}
-        stage = self.attributes.get(semconv.ATTR_STAGE)
+        stage = attributes.get(_ATTR_STAGE) if attributes else None
         # A vLLM span that opened before our plugin loaded in its process (so could not be
         # tagged) gets the stage its name stands for.
         self.stage: str | None = stage if type(stage) is str and stage else \
@@ -209,24 +214,50 @@ def build_trees(spans: Iterable[dict]) -> dict[str, list[SpanNode]]:
     Linear apart from sorting siblings; no recursion, so any depth works."""
     by_trace: dict[str, dict[str, dict]] = {}
     for span in spans:
-        by_trace.setdefault(span["trace_id"], {})[span["span_id"]] = span
+        tid = span["trace_id"]
+        members = by_trace.get(tid)
+        if members is None:
+            members = by_trace[tid] = {}
+        members[span["span_id"]] = span
     trees: dict[str, list[SpanNode]] = {}
     for trace_id, members in by_trace.items():
         nodes = {sid: SpanNode(span) for sid, span in members.items()}
-        on_cycle = _cycle_members(members)
-        roots = []
-        for sid, node in nodes.items():
-            parent_id = node.span.get("parent_span_id")
-            if parent_id in nodes and sid not in on_cycle:
-                node.parent = nodes[parent_id]
-                node.parent.children.append(node)
-            else:
-                roots.append(node)
+        roots = _link(nodes, frozenset())
+        if _reachable(roots) != len(nodes):  # some spans hang off a parent cycle
+            for node in nodes.values():
+                node.parent, node.children = None, []
+            roots = _link(nodes, _cycle_members(members))
         for node in nodes.values():
             if len(node.children) > 1:
                 node.children.sort(key=_order)
-        trees[trace_id] = sorted(roots, key=_order)
+        roots.sort(key=_order)
+        trees[trace_id] = roots
     return trees
+
+
+def _link(nodes: dict[str, SpanNode], on_cycle: frozenset[str] | set[str]) -> list[SpanNode]:
+    """Attach each node to its parent (unless it is on a cycle); returns the roots."""
+    roots = []
+    get = nodes.get
+    for sid, node in nodes.items():
+        parent = get(node.span.get("parent_span_id"))
+        if parent is None or parent is node or (on_cycle and sid in on_cycle):
+            roots.append(node)
+        else:
+            node.parent = parent
+            parent.children.append(node)
+    return roots
+
+
+def _reachable(roots: list[SpanNode]) -> int:
+    """How many nodes hang under these roots: every node unless some parent links form a cycle
+    (a node on or under a cycle has no root above it)."""
+    count, stack = 0, list(roots)
+    while stack:
+        node = stack.pop()
+        count += 1
+        stack.extend(node.children)
+    return count
 
 
 def _order(node: SpanNode) -> tuple[int, int, str]:
@@ -315,14 +346,27 @@ def staged_segments(root: SpanNode, lo: int, hi: int, default: str | None,
     stack = [(root, 0)]
     while stack:
         node, depth = stack.pop()
-        stack.extend((child, depth + 1) for child in node.children)
-        start, end = max(node.start_ns, lo), min(node.end_ns, hi)
+        if node.children:
+            depth1 = depth + 1
+            stack.extend([(child, depth1) for child in node.children])
         stage = node.stage
-        if stage and end > start and stage not in skip:
-            items.append((start, end, depth, node.start_ns, stage))
+        if stage and stage not in skip:
+            start, end = node.start_ns, node.end_ns
+            if start < lo:
+                start = lo
+            if end > hi:
+                end = hi
+            if end > start:
+                items.append((start, end, depth, node.start_ns, stage))
     items.sort()
     out: list[tuple[int, int, str]] = []
-    if all(a[1] <= b[0] for a, b in zip(items, items[1:], strict=False)):
+    tiled, previous_end = True, lo  # every start is >= lo (clipped above)
+    for item in items:
+        if item[0] < previous_end:
+            tiled = False
+            break
+        previous_end = item[1]
+    if tiled:
         # Nothing nested or overlapping (a request's stage children tile it): no sweep needed.
         cursor = lo
         for start, end, _, _, stage in items:

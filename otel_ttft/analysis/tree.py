@@ -17,11 +17,12 @@ MAX_INDENT = 40  # tree levels drawn as indentation; deeper ones are numbered in
 
 def format_duration(seconds: float) -> str:
     """Milliseconds below one second, seconds above."""
-    if abs(seconds) < 0.01:
+    size = -seconds if seconds < 0 else seconds
+    if size < 0.01:
         return f"{seconds * 1e3:.2f} ms"
-    if abs(seconds) < 1:
+    if size < 1:
         return f"{seconds * 1e3:.1f} ms"
-    if abs(seconds) < 100:
+    if size < 100:
         return f"{seconds:.2f} s"
     return f"{seconds:.0f} s"
 
@@ -98,6 +99,7 @@ KEY_NUMBERS: tuple[tuple[str, Callable[[Any], str | None]], ...] = (
 
 
 _KEY_ORDER = {key: i for i, (key, _) in enumerate(KEY_NUMBERS)}
+_KEY_FORMAT = dict(KEY_NUMBERS)
 
 
 def process_kind(node: SpanNode) -> str | None:
@@ -109,22 +111,25 @@ def process_kind(node: SpanNode) -> str | None:
 
 def describe(node: SpanNode, root_start_ns: int) -> str:
     """One line of facts about a span (without the tree prefix)."""
-    parts = [node.name or "(unnamed)"]
-    if node.stage:
-        parts.append(f"[{node.stage}]")
-    parts.append(format_duration(node.duration_s))
+    # Written out for speed: ``tree`` calls this once per span of a million-span store.
+    stage = node.stage
+    line = f"{node.name or '(unnamed)'} [{stage}] " if stage else f"{node.name or '(unnamed)'} "
     offset = (node.start_ns - root_start_ns) / 1e9
     sign = "-" if offset < -5e-6 else "+"  # sub-rounding offsets print as +0
-    parts.append(f"@{sign}{format_duration(abs(offset))}")
-    kind = process_kind(node)
-    if kind:
-        parts.append(f"({kind})")
+    line += (f"{format_duration((node.end_ns - node.start_ns) / 1e9)} "
+             f"@{sign}{format_duration(abs(offset))}")
     attrs = node.attributes
-    present = sorted(_KEY_ORDER[key] for key in attrs if key in _KEY_ORDER) if attrs else ()
-    numbers = [text for i in present if (text := KEY_NUMBERS[i][1](attrs[KEY_NUMBERS[i][0]]))]
-    if numbers:
-        parts.append("  " + ", ".join(numbers))
-    return " ".join(parts)
+    kind = attrs.get(semconv.ATTR_PROCESS_KIND) or node.resource.get(RESOURCE_PROCESS_KIND)
+    if kind:
+        line += f" ({kind})"
+    present = [key for key in attrs if key in _KEY_ORDER] if attrs else None
+    if present:
+        if len(present) > 1:
+            present.sort(key=_KEY_ORDER.__getitem__)
+        numbers = [text for key in present if (text := _KEY_FORMAT[key](attrs[key]))]
+        if numbers:
+            line += "   " + ", ".join(numbers)
+    return line
 
 
 def _count(node: SpanNode) -> int:
@@ -195,12 +200,15 @@ def tree_roots(spans: list[dict]) -> tuple[list[SpanNode], list[SpanNode]]:
     activations, requests, roots = [], [], []
     for trace_roots in build_trees(spans).values():
         roots.extend(trace_roots)
-        for root in trace_roots:
-            for node in root.walk():
-                if node.name == semconv.SPAN_ACTIVATION:
-                    activations.append(node)
-                elif node.name == semconv.SPAN_REQUEST:
-                    requests.append(node)
+        stack = list(trace_roots)  # order does not matter: both lists are sorted below
+        while stack:
+            node = stack.pop()
+            if node.children:
+                stack.extend(node.children)
+            if node.name == semconv.SPAN_ACTIVATION:
+                activations.append(node)
+            elif node.name == semconv.SPAN_REQUEST:
+                requests.append(node)
     def by_start(n: SpanNode) -> tuple[int, int, str]:
         return n.start_ns, -n.end_ns, n.name
     return sorted(activations, key=by_start) + sorted(requests, key=by_start), roots

@@ -161,7 +161,10 @@ def attributes(key_values: Any) -> dict[str, Any]:
     for kv in key_values:  # scalars inline: this runs for every attribute of every span
         value = kv.value
         kind = value.WhichOneof("value")
-        out[kv.key] = getattr(value, kind) if kind in _SCALARS else any_value(value)
+        if kind == "string_value":
+            out[kv.key] = value.string_value
+        else:
+            out[kv.key] = getattr(value, kind) if kind in _SCALARS else any_value(value)
     return out
 
 
@@ -258,27 +261,45 @@ def _checked_spans(request: ExportTraceServiceRequest) -> Iterator[tuple[dict, s
 def decode_trace_rows(request: ExportTraceServiceRequest) -> list[tuple]:
     """The receiver's fast path: the same spans as ``decode_trace_request``, straight into the
     store's row shape (``SpanStore.add_span_rows``) without building the full dict first; the
-    fields most spans leave at their defaults are left out, as the store would."""
-    rows = []
-    for resource, scope, span in _checked_spans(request):
-        attrs = attributes(span.attributes)
-        rest: dict[str, Any] = {"attributes": attrs, "scope": scope}
-        if span.kind != 1:
-            rest["kind"] = _KIND_NAMES.get(span.kind) or str(span.kind)
-        if span.events:
-            rest["events"] = [{"name": e.name, "time_ns": int(e.time_unix_nano),
-                               "attributes": attributes(e.attributes)} for e in span.events]
-        if span.links:
-            rest["links"] = [{"trace_id": lk.trace_id.hex(), "span_id": lk.span_id.hex(),
-                              "attributes": attributes(lk.attributes)} for lk in span.links]
-        status = span.status
-        if status.code or status.message:
-            rest["status"] = {"code": _STATUS_NAMES.get(status.code) or str(status.code),
-                              "message": status.message}
-        stage = attrs.get(semconv.ATTR_STAGE)
-        rows.append((span.trace_id.hex(), span.span_id.hex(), _id(span.parent_span_id),
-                     span.name, stage if type(stage) is str else None,
-                     span.start_time_unix_nano, span.end_time_unix_nano, resource, rest))
+    fields most spans leave at their defaults are left out, as the store would. One loop with
+    each protobuf field read once: this is most of the receiver's CPU per span."""
+    rows: list[tuple] = []
+    append = rows.append
+    attrs_of, stage_key, kind_names = attributes, semconv.ATTR_STAGE, _KIND_NAMES
+    for i, rs in enumerate(request.resource_spans):
+        resource = attrs_of(rs.resource.attributes)
+        for j, ss in enumerate(rs.scope_spans):
+            scope = ss.scope.name
+            for k, span in enumerate(ss.spans):
+                tid, sid, pid = span.trace_id, span.span_id, span.parent_span_id
+                start, end = span.start_time_unix_nano, span.end_time_unix_nano
+                if (len(tid) != 16 or len(sid) != 8 or len(pid) not in (0, 8)
+                        or tid == _ZERO_TRACE or sid == _ZERO_SPAN or start > _INT64_MAX
+                        or end > _INT64_MAX or span.links):
+                    problem = _check_span(span)
+                    if problem:
+                        raise OTLPDecodeError(f"resourceSpans[{i}].scopeSpans[{j}].spans[{k}] "
+                                              f"({span.name[:60]!r}): {problem}")
+                attrs = attrs_of(span.attributes)
+                rest: dict[str, Any] = {"attributes": attrs, "scope": scope}
+                kind = span.kind
+                if kind != 1:
+                    rest["kind"] = kind_names.get(kind) or str(kind)
+                if span.events:
+                    rest["events"] = [{"name": e.name, "time_ns": int(e.time_unix_nano),
+                                       "attributes": attrs_of(e.attributes)}
+                                      for e in span.events]
+                if span.links:
+                    rest["links"] = [{"trace_id": lk.trace_id.hex(), "span_id": lk.span_id.hex(),
+                                      "attributes": attrs_of(lk.attributes)} for lk in span.links]
+                if span.HasField("status"):
+                    status = span.status
+                    if status.code or status.message:
+                        rest["status"] = {"code": _STATUS_NAMES.get(status.code)
+                                          or str(status.code), "message": status.message}
+                stage = attrs.get(stage_key)
+                append((tid.hex(), sid.hex(), pid.hex() if pid else None, span.name,
+                        stage if type(stage) is str else None, start, end, resource, rest))
     return rows
 
 

@@ -25,6 +25,8 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+import msgspec
+
 from otel_ttft import semconv
 
 DB_FILE = "telemetry.db"
@@ -80,6 +82,9 @@ def _json_default(value: object) -> object:
 
 # allow_nan=False: the receiver normalizes non-finite numbers; anything left is a bug to see.
 _dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False, default=_json_default).encode
+# The receiver's rows (decoded protobuf: str, int, finite float, bool, list, dict) need none of
+# those checks; msgspec (a vLLM dependency) encodes them about ten times faster.
+_fast_dumps = msgspec.json.Encoder().encode
 
 
 def _batch_rows(spans: Iterable[dict]) -> list[tuple]:
@@ -180,15 +185,17 @@ class SpanStore:
         return self._submit("spans", _batch_rows(spans))
 
     def add_span_rows(self, rows: list[tuple]) -> int:
-        """Store spans decoded by ``otlp_decode.decode_trace_rows`` (already checked there):
-        the receiver's path, encoding each resource once per batch."""
+        """Store spans decoded by ``otlp_decode.decode_trace_rows`` (already checked there, every
+        number finite): the receiver's path, encoding each resource once per batch."""
         encoded: dict[int, tuple[dict, str]] = {}
         out = []
-        for *columns, resource, rest in rows:
+        append, encode = out.append, _fast_dumps
+        for tid, sid, parent, name, stage, start, end, resource, rest in rows:
             cached = encoded.get(id(resource))
             if cached is None or cached[0] is not resource:
                 cached = encoded[id(resource)] = (resource, _dumps(resource))
-            out.append((*columns, cached[1], _dumps(rest)))
+            append((tid, sid, parent, name, stage, start, end, cached[1],
+                    encode(rest).decode()))
         return self._submit("spans", out)
 
     def add_metric_points(self, points: Iterable[dict]) -> int:
@@ -284,10 +291,12 @@ class SpanStore:
             conn.execute("BEGIN IMMEDIATE")
             for job in jobs:
                 if job.table == "spans":
+                    rid = self._resource_ids_for(conn, {r[7] for r in job.rows})
                     conn.executemany(
                         "INSERT INTO spans (trace_id, span_id, parent_span_id, name, stage, "
                         "start_ns, end_ns, resource_id, data) VALUES (?,?,?,?,?,?,?,?,?)",
-                        [(*r[:7], self._resource_id(conn, r[7]), r[8]) for r in job.rows])
+                        [(t, s, p, n, st, b, e, rid[r], d)
+                         for t, s, p, n, st, b, e, r, d in job.rows])
                 else:
                     conn.executemany(
                         "INSERT INTO metric_points (name, time_ns, resource_id, data) "
@@ -300,6 +309,10 @@ class SpanStore:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
             raise
+
+    def _resource_ids_for(self, conn: sqlite3.Connection, datas: set[str]) -> dict[str, int]:
+        """Resource JSON -> row id for one job's distinct resources (usually one)."""
+        return {data: self._resource_id(conn, data) for data in datas}
 
     def _resource_id(self, conn: sqlite3.Connection, data: str) -> int:
         rid = self._resource_ids.get(data)
