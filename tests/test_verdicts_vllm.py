@@ -2,8 +2,10 @@
 real OTLP from the embedded store, through `otel-ttft analyze`.
 
 One server, started with compile skipped at start-up (``VLLM_CPU_CI_ENV=1``, so the first
-request carries the torch.compile) and six KV blocks (so concurrent long prompts wait for
-admission). Two replay runs with fixed client settings each: concurrency 1 (first request, warm
+request carries the torch.compile), a 2,048-token context (a long prompt's prefill takes four
+512-token chunks, so it dominates its extra tokenizing even on a loaded machine), prefix caching
+off (repeats of one prompt would otherwise share its blocks and skip its prefill) and 17 KV
+blocks of 128 tokens (one long prompt takes 16, so concurrent ones wait for admission). Two replay runs with fixed client settings each: concurrency 1 (first request, warm
 short prompts, long prompts) and concurrency 6 (short prompts that fit, long ones that do not).
 """
 
@@ -23,7 +25,8 @@ from tests.export_env import EXPORT_ENV
 
 pytestmark = pytest.mark.vllm
 
-MAX_MODEL_LEN = 640  # the most six KV blocks serve here: a long prompt fills the cache
+MAX_MODEL_LEN = 2048  # the tiny model's positions; a long prompt takes 16 of the 17 KV blocks
+KV_BLOCKS = 17
 
 
 def _run(tracer, run_id: str, concurrency: int, prompts, steps, url: str, model: str,
@@ -89,7 +92,8 @@ def test_verdicts_name_the_cause_the_test_made(receiver, tiny_model, tmp_path, c
     model = str(tiny_model)
     env = {**EXPORT_ENV, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.http_endpoint,
            "VLLM_CPU_CI_ENV": "1"}
-    args = ("--num-gpu-blocks-override", "6", "--max-model-len", str(MAX_MODEL_LEN))
+    args = ("--num-gpu-blocks-override", str(KV_BLOCKS), "--max-model-len", str(MAX_MODEL_LEN),
+            "--no-enable-prefix-caching")
     provider = make_tracer_provider(receiver.http_endpoint)
     tracer = provider.get_tracer("verdict-test")
     counter = tokenizer_counter(model)
@@ -99,8 +103,8 @@ def test_verdicts_name_the_cause_the_test_made(receiver, tiny_model, tmp_path, c
         _run(tracer, "sequential", 1, prompts, [
             ("first-request", "short", 1), (semconv.SCENARIO_SHORT_PROMPT, "short", 8),
             (semconv.SCENARIO_LONG_PROMPT, "long", 4)], server.url, model)
-        # 64 tokens each: a long request holds 4 of the 6 blocks for its whole generation, so the
-        # others wait in the queue; six short ones (one block each) all fit at once.
+        # 64 tokens each: a long request holds 16 of the 17 blocks for its whole generation, so
+        # the others wait in the queue; six short ones (one block each) all fit at once.
         _run(tracer, "burst", 6, build_prompts(counter, MAX_MODEL_LEN, 64), [
             ("short-burst", "short", 2), ("tiny-kv-burst", "long", 1)], server.url, model,
             max_tokens=64)
