@@ -33,8 +33,9 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from otel_ttft.hooks import request, request_api
+from otel_ttft.hooks import request
 from otel_ttft.hooks.registry import HookSet
+from otel_ttft.hooks.request import api as request_api
 from otel_ttft.tiny_model import ensure_tiny_model
 
 
@@ -158,7 +159,7 @@ def run_batch(fresh, n_requests: int, n_tokens: int, seed: int) -> Timing:
     # Stand in for AsyncLLM.generate's end: the generate pass-through closes its records.
     t0 = time.perf_counter()
     for rec in list(request_api.live.values()):
-        request_api.request_emit.emit_request(rec, time.monotonic())
+        request_api.request_spans.emit_request(rec, time.monotonic())
     request_api.live.clear()
     timing.api_s += time.perf_counter() - t0
     return timing
@@ -166,7 +167,7 @@ def run_batch(fresh, n_requests: int, n_tokens: int, seed: int) -> Timing:
 
 async def _passthrough(n_outputs: int, traced: bool, rounds: int) -> float:
     """Seconds per request added by the generate pass-through (records emitted elsewhere)."""
-    from otel_ttft.hooks.request_record import Handle
+    from otel_ttft.hooks.request.state import Handle
 
     class Out:
         finished = False
@@ -208,17 +209,17 @@ def main() -> None:
 
     # plain vLLM / hooks that capture but emit nothing / hooks + spans + metrics
     runs: dict[str, list[Timing]] = {"plain": [], "capture": [], "full": []}
-    emit = request_api.request_emit.emit_request
+    emit = request_api.request_spans.emit_request
     for r in range(args.rounds):
         order = ["plain", "capture", "full"]
         for mode in (order if r % 2 == 0 else order[::-1]):
             if mode != "plain":
                 hooks.apply()
             if mode == "capture":
-                request_api.request_emit.emit_request = lambda rec, now: None
+                request_api.request_spans.emit_request = lambda rec, now: None
             gc.collect()
             runs[mode].append(run_batch(fresh, args.requests, args.tokens, seed=10 + r))
-            request_api.request_emit.emit_request = emit
+            request_api.request_spans.emit_request = emit
             if mode != "plain":
                 hooks.remove()
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from otel_ttft import clock, semconv
-from otel_ttft.hooks import request_emit, request_engine
-from otel_ttft.hooks.request_record import Handle, Req
-from otel_ttft.hooks.request_timeline import PREEMPTED, SCHEDULED, stage_totals, tile
+from otel_ttft.hooks.request import engine, payload
+from otel_ttft.hooks.request import spans as request_spans
+from otel_ttft.hooks.request.state import Handle, Req
+from otel_ttft.hooks.request.timeline import PREEMPTED, SCHEDULED, stage_totals, tile
 from tests.otel_memory import memory_exporter
 
 FRONTEND, QUEUE, PREFILL = semconv.STAGE_FRONTEND, semconv.STAGE_QUEUE, semconv.STAGE_PREFILL
@@ -69,16 +70,16 @@ def test_out_of_order_clocks_are_clamped_never_negative():
 
 
 def test_engine_payload_round_trip():
-    st = request_engine._EngineReq(123.25, waiting=7, running=4, free=3, total=6, lora_id=2)
+    st = engine._EngineReq(123.25, waiting=7, running=4, free=3, total=6, lora_id=2)
     st.attempts = 5
     st.schedule = ["S123.5", "P124.0", "S124.5"]
     st.adapter = (123.6, 123.7)
     st.compile = ["123.8", "124.9"]
-    got = request_engine.decode(st.encode())
+    got = payload.decode(payload.encode(st))
     assert got == {"queued": 123.25, "attempts": 5, "waiting": 7, "running": 4, "free": 3,
                    "total": 6, "schedule": [("S", 123.5), ("P", 124.0), ("S", 124.5)],
                    "adapter": (123.6, 123.7), "compile": [(123.8, 124.9)]}
-    assert request_engine.decode("q=1.0;zz=unknown") == {"queued": 1.0}
+    assert payload.decode("q=1.0;zz=unknown") == {"queued": 1.0}
 
 
 def _record(headers):
@@ -101,7 +102,7 @@ def test_request_tree_through_the_sdk():
     exporter.clear()
     trace_id, span_id = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
     rec = _record({"traceparent": f"00-{trace_id}-{span_id}-01"})
-    request_emit.emit_request(rec, now=100.2)
+    request_spans.emit_request(rec, now=100.2)
     spans = {s.name: s for s in exporter.get_finished_spans()}
     req = spans[semconv.SPAN_REQUEST]
     assert format(req.context.trace_id, "032x") == trace_id
@@ -133,7 +134,7 @@ def test_request_tree_through_the_sdk():
 def test_request_without_a_caller_is_a_root_server_span():
     exporter = memory_exporter()
     exporter.clear()
-    request_emit.emit_request(_record(None), now=100.2)
+    request_spans.emit_request(_record(None), now=100.2)
     (req,) = [s for s in exporter.get_finished_spans() if s.name == semconv.SPAN_REQUEST]
     assert req.parent is None
     assert req.kind.name == "SERVER"

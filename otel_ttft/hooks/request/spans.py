@@ -18,10 +18,11 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from otel_ttft import clock, metrics_request, semconv, spans
-from otel_ttft.hooks import request_record
-from otel_ttft.hooks.request_record import Req, fail
-from otel_ttft.hooks.request_timeline import PREEMPTED, SCHEDULED, Segment, stage_totals, tile
+from otel_ttft import clock, semconv, spans
+from otel_ttft.hooks.request import metrics as request_metrics
+from otel_ttft.hooks.request import state as request_state
+from otel_ttft.hooks.request.state import Req, fail
+from otel_ttft.hooks.request.timeline import PREEMPTED, SCHEDULED, Segment, stage_totals, tile
 
 logger = logging.getLogger("otel_ttft")
 
@@ -220,7 +221,7 @@ def _emit_unguarded(rec: Req, now: float) -> None:
     total = eng.get("total")
     usage = (1.0 - eng["free"] / total) if total and eng.get("free") is not None else None
     ctx = trace.set_span_in_context(span) if span.get_span_context().is_valid else None
-    metrics_request.record_request(ttft, stages, rec.model, rec.cold, eng.get("waiting"), usage,
+    request_metrics.record_request(ttft, stages, rec.model, rec.cold, eng.get("waiting"), usage,
                                    context=ctx)
 
 
@@ -295,7 +296,7 @@ def _attributes(rec: Req, eng: dict[str, Any], ttft: float | None,
             attrs[semconv.ATTR_REQUEST_SINCE_READY] = (
                 clock.monotonic_to_epoch_ns(rec.arrival) - act.ready_ns) / 1e9
     attrs[semconv.ATTR_REQUEST_COLD] = rec.cold
-    if request_record.CAPTURE_CONTENT:
+    if request_state.CAPTURE_CONTENT:
         if rec.prompt is not None:
             attrs[semconv.GEN_AI_INPUT_MESSAGES] = json.dumps(
                 [{"role": "user", "parts": [{"type": "text", "content": rec.prompt}]}])

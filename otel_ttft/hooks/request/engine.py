@@ -1,4 +1,4 @@
-"""EngineCore (and worker) side of the request path: count, never build spans.
+"""EngineCore side of the request path: count, never build spans.
 
 Per request the engine notes, at ``Scheduler.add_request``, the waiting/running depth and free KV
 blocks; counts admission attempts (each prefix-cache lookup the scheduler makes for a request at
@@ -27,18 +27,23 @@ from collections.abc import Callable
 from typing import Any
 
 from otel_ttft import semconv
+from otel_ttft.hooks.request import payload
+from otel_ttft.hooks.request.worker import (
+    _WARMUP_ATTR,
+    ADAPTER,
+    COMPILE,
+    _fail,
+    _failed_once,
+    _take_local_warmup,
+    _warmup,
+)
 
 logger = logging.getLogger("otel_ttft")
 
 _MAX_TRACKED = 65536
-_WARMUP_ATTR = "_otel_ttft_warmup"
-ADAPTER, COMPILE = "a", "c"
 
 # request_id -> _Engine record, from arrival at the scheduler until its first output
 _state: dict[str, _EngineReq] = {}
-# (ADAPTER|COMPILE, lora_int_id, start, end) timed in this process (worker side), not yet shipped
-_warmup: list[tuple[str, int, float, float]] = []
-_failed_once: set[str] = set()
 
 
 class _EngineReq:
@@ -60,46 +65,6 @@ class _EngineReq:
         if self.schedule is None:
             self.schedule = []
         self.schedule.append(event)
-
-    def encode(self) -> str:
-        parts = [f"q={self.queued!r}", f"n={self.attempts}", f"w={self.waiting}",
-                 f"r={self.running}", f"b={self.free}", f"t={self.total}"]
-        if self.schedule:
-            parts.append("e=" + ",".join(self.schedule))
-        if self.adapter is not None:
-            parts.append(f"a={self.adapter[0]!r},{self.adapter[1]!r}")
-        if self.compile:
-            parts.append("c=" + ",".join(self.compile))
-        return ";".join(parts)
-
-
-def decode(payload: str) -> dict[str, Any]:
-    """The API side's reading of :meth:`_EngineReq.encode` (unknown keys ignored)."""
-    out: dict[str, Any] = {}
-    for part in payload.split(";"):
-        key, _, value = part.partition("=")
-        if key == "q":
-            out["queued"] = float(value)
-        elif key in ("n", "w", "r", "b", "t"):
-            out[{"n": "attempts", "w": "waiting", "r": "running", "b": "free",
-                 "t": "total"}[key]] = int(value)
-        elif key == "e":
-            out["schedule"] = [(item[0], float(item[1:])) for item in value.split(",") if item]
-        elif key == "a":
-            start, end = value.split(",")
-            out["adapter"] = (float(start), float(end))
-        elif key == "c":
-            times = [float(t) for t in value.split(",")]
-            out["compile"] = list(zip(times[::2], times[1::2], strict=False))
-    return out
-
-
-def _fail(where: str, exc: BaseException) -> None:
-    if where not in _failed_once:
-        _failed_once.add(where)
-        logger.warning("otel-ttft request hook %s failed (skipped from now on): %r", where, exc,
-                       exc_info=exc)
-
 
 def _evict() -> None:
     for key in list(_state)[: _MAX_TRACKED // 2]:
@@ -204,7 +169,7 @@ def wrap_update_from_output(wrapped: Callable[..., Any], instance: Any, args: tu
                 if st is None:
                     continue
                 headers = dict(out.trace_headers) if out.trace_headers else {}
-                headers[semconv.ENGINE_PAYLOAD_HEADER] = st.encode()
+                headers[semconv.ENGINE_PAYLOAD_HEADER] = payload.encode(st)
                 out.trace_headers = headers
     except Exception as exc:  # noqa: BLE001
         _fail("update_from_output", exc)
@@ -242,79 +207,3 @@ def wrap_finish_requests(wrapped: Callable[..., Any], instance: Any, args: tuple
     return result
 
 
-# --- worker: time warm-up paid inside a step, hand it to EngineCore with the step's output ------
-
-def wrap_load_adapter(wrapped: Callable[..., Any], instance: Any, args: tuple,
-                      kwargs: dict) -> Any:
-    start = time.monotonic()
-    result = wrapped(*args, **kwargs)
-    try:
-        lora_request = args[0] if args else kwargs["lora_request"]
-        _note_warmup(ADAPTER, lora_request.lora_int_id, start)
-    except Exception as exc:  # noqa: BLE001
-        _fail("load_adapter", exc)
-    return result
-
-
-class _TimedCompile:
-    """Wraps the context manager ``monitor_torch_compile`` returns; times what it brackets."""
-
-    __slots__ = ("inner", "start")
-
-    def __init__(self, inner: Any):
-        self.inner, self.start = inner, 0.0
-
-    def __enter__(self) -> Any:
-        self.start = time.monotonic()
-        return self.inner.__enter__()
-
-    def __exit__(self, *exc: Any) -> Any:
-        try:
-            return self.inner.__exit__(*exc)
-        finally:
-            _note_warmup(COMPILE, 0, self.start)
-
-
-def wrap_monitor_torch_compile(wrapped: Callable[..., Any], instance: Any, args: tuple,
-                               kwargs: dict) -> Any:
-    """Times compiles; not the AOT-cache load probe (``announce_start=False``), which a server
-    whose warm-up was skipped repeats on every step without compiling anything."""
-    if kwargs.get("announce_start") is False:
-        return wrapped(*args, **kwargs)
-    return _TimedCompile(wrapped(*args, **kwargs))
-
-
-def _note_warmup(kind: str, lora_id: int, start: float) -> None:
-    _warmup.append((kind, lora_id, start, time.monotonic()))
-    del _warmup[:-64]
-
-
-def _take_local_warmup() -> list[tuple[str, int, float, float]] | None:
-    """Worker in this process (uniproc executor): no pickling in between."""
-    if not _warmup:
-        return None
-    events = _warmup[:]
-    del _warmup[:len(events)]  # an append from another thread in between stays queued
-    return events
-
-
-def wrap_enqueue_output(wrapped: Callable[..., Any], instance: Any, args: tuple,
-                        kwargs: dict) -> Any:
-    """WorkerProc.enqueue_output: attach pending warm-up times to a ModelRunnerOutput."""
-    if not _warmup:
-        return wrapped(*args, **kwargs)
-    try:
-        output = args[0] if args else kwargs["output"]
-    except Exception:  # noqa: BLE001 - not the signature we know: leave it alone
-        return wrapped(*args, **kwargs)
-    if hasattr(output, "get_output"):  # AsyncModelRunnerOutput: resolve it as vLLM would
-        try:
-            output = output.get_output()
-        except Exception as exc:  # noqa: BLE001 - vLLM turns this into a FAILURE response
-            output = exc
-    try:
-        if hasattr(output, "req_id_to_index"):
-            setattr(output, _WARMUP_ATTR, _take_local_warmup())
-    except Exception as exc:  # noqa: BLE001
-        _fail("enqueue_output", exc)
-    return wrapped(output)

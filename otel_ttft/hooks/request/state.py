@@ -12,8 +12,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 
 from otel_ttft import semconv
-from otel_ttft.hooks import request_engine
-from otel_ttft.hooks.request_timeline import PREEMPTED, SCHEDULED
+from otel_ttft.hooks.request import payload
+from otel_ttft.hooks.request.timeline import PREEMPTED, SCHEDULED
 
 logger = logging.getLogger("otel_ttft")
 
@@ -143,7 +143,7 @@ class Req:
         if headers and semconv.ENGINE_PAYLOAD_HEADER in headers:
             rest = {k: v for k, v in headers.items() if k != semconv.ENGINE_PAYLOAD_HEADER}
             eco.trace_headers = rest or None
-            self.engine = request_engine.decode(headers[semconv.ENGINE_PAYLOAD_HEADER])
+            self.engine = payload.decode(headers[semconv.ENGINE_PAYLOAD_HEADER])
         stats = getattr(eco, "prefill_stats", None)
         if stats is not None:
             self.cached = stats.num_cached_tokens

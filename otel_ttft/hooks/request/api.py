@@ -1,4 +1,4 @@
-"""The request path's hooks in the API process (see ``request`` for the lifecycle)."""
+"""The request path's hooks in the API process (see the package docstring for the lifecycle)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from typing import Any
 from opentelemetry import context as otel_context
 
 from otel_ttft import semconv, spans
-from otel_ttft.hooks import request_emit, request_record
-from otel_ttft.hooks.request_record import (
+from otel_ttft.hooks.request import spans as request_spans
+from otel_ttft.hooks.request import state as request_state
+from otel_ttft.hooks.request.state import (
     FLUSH,
     HANDLE,
     FlushBox,
@@ -30,7 +31,7 @@ _DELTA, _FINAL_ONLY = 1, 2  # vllm.sampling_params.RequestOutputKind values
 def wrap_generate(wrapped: Callable[..., Any], instance: Any, args: tuple,
                   kwargs: dict) -> Any:
     inner = wrapped(*args, **kwargs)
-    if request_record.failed("generate") or not request_record.telemetry_on():
+    if request_state.failed("generate") or not request_state.telemetry_on():
         return inner
     try:
         handle = _new_handle(instance, args, kwargs)
@@ -112,7 +113,7 @@ def _close_handle(handle: Handle) -> None:
                 rec.error = handle.error
             if handle.aborted and rec.finish is None and not handle.finish:
                 rec.aborted = True
-            request_emit.emit_request(rec, now)
+            request_spans.emit_request(rec, now)
         handle.records.clear()
     except Exception as exc:  # noqa: BLE001
         fail("generate.close", exc)
@@ -126,7 +127,7 @@ def wrap_add_request(call: Callable[..., Any], instance: Any, args: tuple,
     result = call(*args, **kwargs)
     request = args[0] if args else kwargs["request"]
     rid = request.request_id
-    if rid in live or not request_record.telemetry_on():
+    if rid in live or not request_state.telemetry_on():
         return result  # a streaming-input continuation, or no provider to report to
     mono_minus_wall = time.monotonic() - time.time()
     handle = HANDLE.get()
@@ -136,7 +137,7 @@ def wrap_add_request(call: Callable[..., Any], instance: Any, args: tuple,
     rec.trace_headers = request.trace_headers
     state = instance.request_states.get(rid)
     rec.prompt_len = getattr(state, "prompt_len", None)
-    if request_record.CAPTURE_CONTENT:
+    if request_state.CAPTURE_CONTENT:
         prompt = args[1] if len(args) > 1 else kwargs.get("prompt")
         rec.prompt = prompt if isinstance(prompt, str) else None
     rec.model = (rec.lora.lora_name if rec.lora is not None
@@ -196,7 +197,7 @@ def _flush_done() -> None:
     for rec in finished:
         live.pop(rec.rid, None)
         if rec.handle is None:
-            request_emit.emit_request(rec, rec.done or now)
+            request_spans.emit_request(rec, rec.done or now)
 
 
 def wrap_finish_request(call: Callable[..., Any], instance: Any, args: tuple,
@@ -223,7 +224,7 @@ def wrap_abort_requests(call: Callable[..., Any], instance: Any, args: tuple,
         rec.aborted = rec.finish is None
         rec.done = rec.done or now
         if rec.handle is None:
-            request_emit.emit_request(rec, now)
+            request_spans.emit_request(rec, now)
     return aborted
 
 
@@ -238,7 +239,7 @@ def wrap_propagate_error(call: Callable[..., Any], instance: Any, args: tuple,
         rec.done = rec.done or now
         if rec.handle is None:
             live.pop(rid, None)
-            request_emit.emit_request(rec, now)
+            request_spans.emit_request(rec, now)
     return result
 
 
