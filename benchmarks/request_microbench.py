@@ -1,16 +1,22 @@
-"""Per-request cost of the request-path hooks, measured on vLLM's real classes in one process.
+"""Per-request cost of the request path, measured on vLLM's real classes in one process.
 
 A real ``Scheduler`` (EngineCore side) and a real ``OutputProcessor`` with the tiny model's
 tokenizer (API side) run a fixed batch of requests to completion, the model replaced by "sample
 one token per finished prefill". The same batch runs three ways, interleaved: plain vLLM; request
 hooks that capture but emit nothing; hooks plus spans and metrics. The difference in time spent
 inside each side (fastest round of each mode: noise on a shared machine only adds), divided by
-the number of requests (or of scheduled request-steps), is our cost. Spans and metrics go through
-an SDK provider with a discarding exporter (the export thread's protobuf encoding is not counted
-here; the end-to-end A/B benchmark counts everything). ``AsyncLLM.generate``'s pass-through is
-timed separately over a stand-in async generator.
+the number of requests (or of scheduled request-steps), is our cost.
 
-Usage: python benchmarks/request_microbench.py [--requests 128] [--tokens 16] [--rounds 15]
+All-in: spans and metrics go through SDK providers as ``opentelemetry-instrument`` sets them up
+(batch span processor), and the spans each full round produced are then encoded as the OTLP
+exporter does (``encode_spans(...).SerializeToString()``), timed and counted; so is one metrics
+export per round (charged to that round's requests only: a real 60 s interval spreads it over
+far more). Not counted here: the HTTP send (the end-to-end benchmark counts everything).
+``AsyncLLM.generate``'s hook is timed over a stand-in async generator, through the same registry
+as in vLLM. Two output lengths (``--tokens 16,256``) split the cost into per request and per
+streamed output.
+
+Usage: python benchmarks/request_microbench.py [--requests 128] [--tokens 16,256] [--rounds 9]
 """
 
 from __future__ import annotations
@@ -20,16 +26,14 @@ import asyncio
 import gc
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from opentelemetry import metrics, trace
+from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import (
-    MetricExporter,
-    MetricExportResult,
-    PeriodicExportingMetricReader,
-)
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
@@ -39,31 +43,40 @@ from otel_ttft.hooks.request import api as request_api
 from otel_ttft.tiny_model import ensure_tiny_model
 
 
-class _NullSpans(SpanExporter):
+class _Collect(SpanExporter):
+    """Keeps what the batch processor hands over, for encoding outside the timed request path."""
+
+    def __init__(self) -> None:
+        self.spans: list = []
+
     def export(self, spans):
+        self.spans.extend(spans)
         return SpanExportResult.SUCCESS
 
 
-class _NullMetrics(MetricExporter):
-    def __init__(self):
-        super().__init__()
-
-    def export(self, metrics_data, timeout_millis: float = 10_000, **kwargs):
-        return MetricExportResult.SUCCESS
-
-    def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        return True
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:
-        pass
+SPANS = _Collect()
+READER = InMemoryMetricReader()
 
 
-def install_providers() -> None:
+def install_providers() -> TracerProvider:
     provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(_NullSpans()))  # SDK defaults
+    provider.add_span_processor(BatchSpanProcessor(SPANS))  # SDK defaults
     trace.set_tracer_provider(provider)
-    reader = PeriodicExportingMetricReader(_NullMetrics(), export_interval_millis=1000)
-    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    metrics.set_meter_provider(MeterProvider(metric_readers=[READER]))
+    return provider
+
+
+def encode_round(provider: TracerProvider) -> tuple[float, int, int]:
+    """Seconds to OTLP-encode what this round exported (spans, one metrics collection), and
+    how many spans and bytes that was."""
+    provider.force_flush()
+    spans, SPANS.spans = SPANS.spans, []
+    data = READER.get_metrics_data()
+    t0 = time.perf_counter()
+    size = len(encode_spans(spans).SerializeToString()) if spans else 0
+    if data is not None:
+        size += len(encode_metrics(data).SerializeToString())
+    return time.perf_counter() - t0, len(spans), size
 
 
 @dataclass
@@ -71,6 +84,9 @@ class Timing:
     engine_s: float = 0.0  # Scheduler.add_request + schedule + update_from_output
     api_s: float = 0.0  # OutputProcessor.add_request + process_outputs (+ our span building)
     request_steps: int = 0  # scheduled (request, step) pairs
+    encode_s: float = 0.0  # OTLP encoding of the round's spans and one metrics export
+    spans: int = 0
+    otlp_bytes: int = 0
 
 
 def build(model_dir: str):
@@ -165,86 +181,132 @@ def run_batch(fresh, n_requests: int, n_tokens: int, seed: int) -> Timing:
     return timing
 
 
-async def _passthrough(n_outputs: int, traced: bool, rounds: int) -> float:
-    """Seconds per request added by the generate pass-through (records emitted elsewhere)."""
-    from otel_ttft.hooks.request.state import Handle
+class _StandIn:
+    """Stands in for ``AsyncLLM``: ``generate`` yields ready outputs, so only the hook's
+    per-request and per-output work differs between the two timings."""
+
+    model_config = None
+
+    def __init__(self, outs: list) -> None:
+        self.outs = outs
+
+    async def generate(self, prompt, sampling_params, request_id, **kwargs):
+        for o in self.outs:
+            yield o
+
+
+async def _passthrough(n_outputs: int, rounds: int) -> float:
+    """Seconds per request added by the ``request.generate`` hook, applied through the registry
+    as in vLLM, to a stand-in generator (the records themselves are emitted elsewhere)."""
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+    class Choice:
+        index, text, finish_reason = 0, "x", None
 
     class Out:
         finished = False
+        outputs = [Choice()]
 
-    outs = [Out() for _ in range(n_outputs - 1)]
-    last = Out()
-    last.finished = True
-    last.outputs = []
-    outs.append(last)
+    outs = [Out() for _ in range(n_outputs)]
+    outs[-1] = type("Last", (Out,), {"finished": True})()
+    params = SamplingParams(max_tokens=n_outputs, output_kind=RequestOutputKind.DELTA)
+    hook = next(h for h in request.HOOKS if h.name == "request.generate")
+    stand_in = _StandIn(outs)
 
-    async def inner():
-        for o in outs:
-            yield o
+    async def timed() -> float:
+        t0 = time.perf_counter()
+        for i in range(rounds):
+            async for _ in stand_in.generate("p", params, f"s{i}"):
+                pass
+        return time.perf_counter() - t0
 
-    t0 = time.perf_counter()
-    for _ in range(rounds):
-        gen = (request_api._traced(inner(), Handle(None, None, "m", True)) if traced
-               else inner())
-        async for _ in gen:
-            pass
-    return (time.perf_counter() - t0) / rounds
+    plain = []
+    hooked = []
+    for _ in range(3):
+        plain.append(await timed())
+        hooks = HookSet([replace(hook, target=f"{__name__}:_StandIn.generate", applied=False)])
+        hooks.apply()
+        hooked.append(await timed())
+        hooks.remove()
+    return (min(hooked) - min(plain)) / rounds
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--requests", type=int, default=128)
-    ap.add_argument("--tokens", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--json", help="write the figures here")
-    args = ap.parse_args()
-
-    install_providers()
-    fresh = build(str(ensure_tiny_model()))
-    hooks = HookSet(list(request.HOOKS))
-    run_batch(fresh, args.requests, args.tokens, seed=0)  # warm both paths' caches
-    hooks.apply()
-    run_batch(fresh, args.requests, args.tokens, seed=1)
-    hooks.remove()
-
-    # plain vLLM / hooks that capture but emit nothing / hooks + spans + metrics
+def measure(fresh, provider: TracerProvider, hooks: HookSet, n: int, tokens: int,
+            rounds: int) -> dict:
+    """plain vLLM / hooks that capture but emit nothing / hooks + spans + metrics + encoding."""
     runs: dict[str, list[Timing]] = {"plain": [], "capture": [], "full": []}
     emit = request_api.request_spans.emit_request
-    for r in range(args.rounds):
+    for r in range(rounds):
         order = ["plain", "capture", "full"]
         for mode in (order if r % 2 == 0 else order[::-1]):
             if mode != "plain":
                 hooks.apply()
             if mode == "capture":
                 request_api.request_spans.emit_request = lambda rec, now: None
+            encode_round(provider)  # start from an empty batch
             gc.collect()
-            runs[mode].append(run_batch(fresh, args.requests, args.tokens, seed=10 + r))
+            timing = run_batch(fresh, n, tokens, seed=10 + r)
+            timing.encode_s, timing.spans, timing.otlp_bytes = encode_round(provider)
+            runs[mode].append(timing)
             request_api.request_spans.emit_request = emit
             if mode != "plain":
                 hooks.remove()
 
-    def med(mode: str, field: str) -> float:
+    def best(mode: str, field: str) -> float:
         """Fastest round: the noise on a shared 2-core machine only ever adds time."""
         return min(getattr(t, field) for t in runs[mode])
 
-    n = args.requests
-    api_us = med("full", "api_s") - med("plain", "api_s")
-    capture_us = med("capture", "api_s") - med("plain", "api_s")
-    eng_us = med("full", "engine_s") - med("plain", "engine_s")
-    steps = med("full", "request_steps")
-    pt = asyncio.run(_passthrough(args.tokens, True, 2000)) - \
-        asyncio.run(_passthrough(args.tokens, False, 2000))
-    figures = {
-        "requests": n, "output_tokens": args.tokens, "rounds": args.rounds,
-        "api_us_per_request_capture": capture_us / n * 1e6 + pt * 1e6,
-        "api_us_per_request_spans_and_metrics": (api_us - capture_us) / n * 1e6,
-        "api_us_per_request_total": api_us / n * 1e6 + pt * 1e6,
-        "api_us_per_request_generate_passthrough": pt * 1e6,
-        "api_us_per_request_plain_vllm": med("plain", "api_s") / n * 1e6,
-        "engine_us_per_request": eng_us / n * 1e6,
-        "engine_us_per_scheduled_request_step": eng_us / steps * 1e6,
-        "engine_us_per_request_plain_vllm": med("plain", "engine_s") / n * 1e6,
+    api = best("full", "api_s") - best("plain", "api_s")
+    capture = best("capture", "api_s") - best("plain", "api_s")
+    encode = best("full", "encode_s")
+    eng = best("full", "engine_s") - best("plain", "engine_s")
+    steps = best("full", "request_steps")
+    pt = asyncio.run(_passthrough(tokens, 2000))
+    full = runs["full"][-1]
+    return {
+        "output_tokens": tokens,
+        "api_us_per_request_hooks": (capture + pt * n) / n * 1e6,
+        "api_us_per_request_generate_hook": pt * 1e6,
+        "api_us_per_request_spans_and_metrics": (api - capture) / n * 1e6,
+        "api_us_per_request_otlp_encoding": encode / n * 1e6,
+        "api_us_per_request_all_in": (api + pt * n + encode) / n * 1e6,
+        "api_us_per_request_plain_vllm": best("plain", "api_s") / n * 1e6,
+        "api_all_in_ratio": (best("plain", "api_s") + api + pt * n + encode)
+        / best("plain", "api_s"),
+        "spans_per_request": full.spans / n,
+        "otlp_bytes_per_request": full.otlp_bytes / n,
+        "engine_us_per_request": eng / n * 1e6,
+        "engine_us_per_scheduled_request_step": eng / steps * 1e6,
+        "engine_us_per_request_plain_vllm": best("plain", "engine_s") / n * 1e6,
+        "engine_ratio": best("full", "engine_s") / best("plain", "engine_s"),
     }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=128)
+    ap.add_argument("--tokens", default="16,256", help="output lengths, comma-separated")
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--json", help="write the figures here")
+    args = ap.parse_args()
+
+    provider = install_providers()
+    fresh = build(str(ensure_tiny_model()))
+    hooks = HookSet(list(request.HOOKS))
+    run_batch(fresh, args.requests, 16, seed=0)  # warm both paths' caches
+    hooks.apply()
+    run_batch(fresh, args.requests, 16, seed=1)
+    hooks.remove()
+    lengths = [int(t) for t in args.tokens.split(",")]
+    results = [measure(fresh, provider, hooks, args.requests, t, args.rounds) for t in lengths]
+    figures: dict = {"requests": args.requests, "rounds": args.rounds, "by_length": results}
+    if len(results) >= 2:  # all-in = per request + per output x output tokens
+        a, b = results[0], results[-1]
+        per_out = ((b["api_us_per_request_all_in"] - a["api_us_per_request_all_in"])
+                   / (b["output_tokens"] - a["output_tokens"]))
+        figures["api_us_per_streamed_output"] = per_out
+        figures["api_us_per_request_fixed"] = (a["api_us_per_request_all_in"]
+                                               - per_out * a["output_tokens"])
     print(json.dumps(figures, indent=2))
     if args.json:
         with open(args.json, "w") as f:

@@ -332,3 +332,27 @@ ATTR_CHECKPOINT_BYTES = "ttft.load.checkpoint.bytes"  # on disk, all files of th
 ATTR_FS_REMOTE = "ttft.load.fs.remote"  # network or FUSE file system
 ATTR_BLOCK_DEVICE = "ttft.load.block_device"  # e.g. nvme0n1, where /sys shows it
 ATTR_BLOCK_ROTATIONAL = "ttft.load.block_device.rotational"
+
+
+# --- issue 9 (cost): the request-detail policy ---------------------------------------------------
+# Every llm_request carries its TTFT stages as durations (s); its stage child spans are built only
+# for the requests that need explaining (cold, slow, the model's tail, errors, a sampled share).
+ATTR_REQUEST_STAGE_FRONTEND_SECONDS = "ttft.request.stage.frontend.seconds"  # input + output
+ATTR_REQUEST_STAGE_QUEUE_SECONDS = "ttft.request.stage.queue.seconds"
+ATTR_REQUEST_STAGE_PREFILL_SECONDS = "ttft.request.stage.prefill.seconds"
+ATTR_REQUEST_STAGE_FIRST_DECODE_SECONDS = "ttft.request.stage.first_decode.seconds"  # not TTFT
+REQUEST_STAGE_SECONDS = {
+    STAGE_FRONTEND: ATTR_REQUEST_STAGE_FRONTEND_SECONDS,
+    STAGE_QUEUE: ATTR_REQUEST_STAGE_QUEUE_SECONDS,
+    STAGE_PREFILL: ATTR_REQUEST_STAGE_PREFILL_SECONDS,
+    STAGE_FIRST_DECODE: ATTR_REQUEST_STAGE_FIRST_DECODE_SECONDS,
+}
+ATTR_REQUEST_DETAIL = "ttft.request.detail"  # why the children were built; absent: they were not
+DETAIL_ALL, DETAIL_COLD, DETAIL_SLOW, DETAIL_TAIL, DETAIL_ERROR, DETAIL_SAMPLED = (
+    "all", "cold", "slow", "tail", "error", "sampled")
+ENV_REQUEST_DETAIL = "OTEL_TTFT_REQUEST_DETAIL"  # auto (default) | all | none
+ENV_REQUEST_DETAIL_SLOW_MS = "OTEL_TTFT_REQUEST_DETAIL_SLOW_MS"  # TTFT above this: children
+DEFAULT_REQUEST_DETAIL_SLOW_MS = 1000.0
+ENV_REQUEST_DETAIL_RATIO = "OTEL_TTFT_REQUEST_DETAIL_RATIO"  # share of the rest, by trace id
+DEFAULT_REQUEST_DETAIL_RATIO = 0.01
+REQUEST_DETAIL_TAIL_QUANTILE = 0.95  # per model, over its latest 256 requests

@@ -3,14 +3,15 @@
 The request span goes through the tracer as usual (sampling, ids, processors' ``on_start``). Its
 children are finished before they are made, so where the SDK allows it they are handed straight
 to the request span's processor as ``ReadableSpan`` objects: about 3 us each instead of 13 us
-through ``start_span``. Any other provider gets them through the public API.
+through ``start_span``. Any other provider gets them through the public API. Whether the
+children are built at all is the request-detail policy's call (``detail``); the request span always
+carries the stage durations.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import random
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,7 +19,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from otel_ttft import clock, semconv, spans
+from otel_ttft import clock, ids, semconv, spans
+from otel_ttft.hooks.request import detail as request_detail
 from otel_ttft.hooks.request import metrics as request_metrics
 from otel_ttft.hooks.request import state as request_state
 from otel_ttft.hooks.request.state import Req, fail
@@ -54,7 +56,7 @@ class Children:
         parent_ctx = parent_ctx or self.parent_ctx
         if self.proc is not None and ReadableSpan is not None:
             try:
-                span_id = random.getrandbits(64) or 1
+                span_id = ids.new_span_id()
                 ctx = SpanContext(parent_ctx.trace_id, span_id, False, parent_ctx.trace_flags,
                                   parent_ctx.trace_state)
                 self.proc.on_end(ReadableSpan(
@@ -112,8 +114,9 @@ def emit_tree(*, parent: otel_context.Context, kind: SpanKind, start: float, end
               segments: list[Segment], first_decode: tuple[float, float] | None,
               warmup: list[tuple[str, str, float, float]], attributes: dict[str, Any],
               events: list[tuple[str, float, dict[str, Any]]], links: list[Link],
-              error: str | None) -> trace.Span:
-    """The request span and its stage children, all finished; returns the request span.
+              error: str | None, detail: str | None = semconv.DETAIL_ALL) -> trace.Span:
+    """The request span and, when ``detail`` says why (else only for the sampled share: see
+    ``detail``), its stage children, all finished; returns the request span.
 
     ``warmup`` holds (span name, stage, start, end) paid inside this request (adapter load,
     compile): each becomes a child of the stage segment it started in.
@@ -126,6 +129,14 @@ def emit_tree(*, parent: otel_context.Context, kind: SpanKind, start: float, end
     span.set_attributes(attributes)
     for name, ts, attrs in events:
         span.add_event(name, attrs, timestamp=ns(ts))
+    if detail is None and request_detail.sampled(span.get_span_context().trace_id):
+        detail = semconv.DETAIL_SAMPLED
+    if detail is None:
+        if error:
+            span.set_status(Status(StatusCode.ERROR, error))
+        span.end(end_time=ns(end))
+        return span
+    span.set_attribute(semconv.ATTR_REQUEST_DETAIL, detail)
     kids = Children(span)
     pending = sorted(warmup, key=lambda w: w[2])
     for seg in segments:
@@ -150,15 +161,17 @@ def emit_tree(*, parent: otel_context.Context, kind: SpanKind, start: float, end
 
 # --- building the spans --------------------------------------------------------------------------
 
+# (SamplingParams field, attribute, the value that means "not set": then the attribute is left
+# out, as the GenAI conventions ask for choice.count; each attribute costs encoding per request)
 _PARAMS = (
-    ("temperature", semconv.GEN_AI_REQUEST_TEMPERATURE),
-    ("top_p", semconv.GEN_AI_REQUEST_TOP_P),
-    ("top_k", semconv.GEN_AI_REQUEST_TOP_K),
-    ("max_tokens", semconv.GEN_AI_REQUEST_MAX_TOKENS),
-    ("frequency_penalty", semconv.GEN_AI_REQUEST_FREQUENCY_PENALTY),
-    ("presence_penalty", semconv.GEN_AI_REQUEST_PRESENCE_PENALTY),
-    ("seed", semconv.GEN_AI_REQUEST_SEED),
-    ("n", semconv.GEN_AI_REQUEST_CHOICE_COUNT),
+    ("temperature", semconv.GEN_AI_REQUEST_TEMPERATURE, None),
+    ("top_p", semconv.GEN_AI_REQUEST_TOP_P, 1.0),
+    ("top_k", semconv.GEN_AI_REQUEST_TOP_K, 0),
+    ("max_tokens", semconv.GEN_AI_REQUEST_MAX_TOKENS, None),
+    ("frequency_penalty", semconv.GEN_AI_REQUEST_FREQUENCY_PENALTY, 0.0),
+    ("presence_penalty", semconv.GEN_AI_REQUEST_PRESENCE_PENALTY, 0.0),
+    ("seed", semconv.GEN_AI_REQUEST_SEED, None),
+    ("n", semconv.GEN_AI_REQUEST_CHOICE_COUNT, 1),
 )
 
 
@@ -193,6 +206,11 @@ def _emit_unguarded(rec: Req, now: float) -> None:
                     if rec.first_tok is not None and rec.second_tok is not None else None)
 
     attrs = _attributes(rec, eng, ttft, schedule)
+    stages = stage_totals(segments) if ttft is not None else {}
+    if first_decode is not None:
+        stages[semconv.STAGE_FIRST_DECODE] = first_decode[1] - first_decode[0]
+    for stage, seconds in stages.items():
+        attrs[semconv.REQUEST_STAGE_SECONDS[stage]] = seconds
     events = [(semconv.EVENT_REQUEST_PREEMPTED, ts, {semconv.ATTR_EVENT_BEFORE_FIRST_TOKEN: True})
               for kind, ts in schedule if kind == PREEMPTED
               and (rec.first_tok is None or ts < rec.first_tok)]
@@ -210,14 +228,15 @@ def _emit_unguarded(rec: Req, now: float) -> None:
     else:
         parent, kind = parent_context(rec.trace_headers, None)
     error = rec.error or (handle.error if handle is not None else None)
+    aborted = attrs.get(semconv.ATTR_REQUEST_ABORTED, False)
+    warmup = _warmup_spans(eng)
+    detail = request_detail.reason(cold=rec.cold or bool(warmup), ttft=ttft,
+                                   failed=bool(error or aborted), model=rec.model)
     span = emit_tree(
         parent=parent, kind=kind, start=rec.arrival, end=max(end, ttft_end or end),
-        segments=segments, first_decode=first_decode, warmup=_warmup_spans(eng),
-        attributes=attrs, events=events, links=links, error=error)
+        segments=segments, first_decode=first_decode, warmup=warmup,
+        attributes=attrs, events=events, links=links, error=error, detail=detail)
 
-    stages = stage_totals(segments) if ttft is not None else {}
-    if first_decode is not None:
-        stages[semconv.STAGE_FIRST_DECODE] = first_decode[1] - first_decode[0]
     total = eng.get("total")
     usage = (1.0 - eng["free"] / total) if total and eng.get("free") is not None else None
     ctx = trace.set_span_in_context(span) if span.get_span_context().is_valid else None
@@ -248,9 +267,10 @@ def _attributes(rec: Req, eng: dict[str, Any], ttft: float | None,
         attrs[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = rec.cached
     params = rec.params
     if params is not None:
-        for name, key in _PARAMS:
+        for name, key, unset in _PARAMS:
             value = getattr(params, name, None)
-            if value is not None and isinstance(value, (int, float)) and value != -1:
+            if value is not None and isinstance(value, (int, float)) and value != -1 \
+                    and value != unset:
                 attrs[key] = value
     handle = rec.handle
     finish = handle.finish if handle is not None and handle.finish else (
