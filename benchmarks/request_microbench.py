@@ -2,19 +2,19 @@
 
 A real ``Scheduler`` (EngineCore side) and a real ``OutputProcessor`` with the tiny model's
 tokenizer (API side) run a fixed batch of requests to completion, the model replaced by "sample
-one token per finished prefill". The same batch runs three ways, interleaved: plain vLLM; request
-hooks that capture but emit nothing; hooks plus spans and metrics. The difference in time spent
-inside each side (fastest round of each mode: noise on a shared machine only adds), divided by
-the number of requests (or of scheduled request-steps), is our cost.
+one token per finished prefill", with and without our hooks (interleaved rounds).
 
-All-in: spans and metrics go through SDK providers as ``opentelemetry-instrument`` sets them up
-(batch span processor), and the spans each full round produced are then encoded as the OTLP
-exporter does (``encode_spans(...).SerializeToString()``), timed and counted; so is one metrics
-export per round (charged to that round's requests only: a real 60 s interval spreads it over
-far more). Not counted here: the HTTP send (the end-to-end benchmark counts everything).
-``AsyncLLM.generate``'s hook is timed over a stand-in async generator, through the same registry
-as in vLLM. Two output lengths (``--tokens 16,256``) split the cost into per request and per
-streamed output.
+Our cost is measured directly, not as a difference of two noisy totals: each hook wrapper's own
+time (its time minus the vLLM call inside it, the timer's own cost subtracted and wrapt's
+dispatch per call added), the ``generate`` hook over a stand-in async generator (applied through
+the registry as in vLLM), and the OTLP encoding of everything the round produced
+(``encode_spans(...).SerializeToString()`` as the exporter does; one metrics export's encoding
+is reported on its own: it is paid once per export interval, 60 s by default, not per request).
+Spans and metrics go through SDK providers as ``opentelemetry-instrument`` sets them up (batch
+span processor). Not counted here: the HTTP send (the end-to-end benchmark counts
+everything). Plain vLLM's time on the same code paths is the denominator of the ratios. Two
+output lengths (``--tokens 16,256``) split the cost into per request and per streamed output.
+Fastest round of each: noise on a shared machine only ever adds.
 
 Usage: python benchmarks/request_microbench.py [--requests 128] [--tokens 16,256] [--rounds 9]
 """
@@ -38,7 +38,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from otel_ttft.hooks import request
-from otel_ttft.hooks.registry import HookSet
+from otel_ttft.hooks.registry import Hook, HookSet
 from otel_ttft.hooks.request import api as request_api
 from otel_ttft.tiny_model import ensure_tiny_model
 
@@ -66,17 +66,18 @@ def install_providers() -> TracerProvider:
     return provider
 
 
-def encode_round(provider: TracerProvider) -> tuple[float, int, int]:
-    """Seconds to OTLP-encode what this round exported (spans, one metrics collection), and
-    how many spans and bytes that was."""
+def encode_round(provider: TracerProvider) -> tuple[float, float, int, int]:
+    """Seconds to OTLP-encode what this round exported: its spans, and one metrics collection
+    (a per-export cost, whatever the number of requests); how many spans and span bytes."""
     provider.force_flush()
     spans, SPANS.spans = SPANS.spans, []
     data = READER.get_metrics_data()
     t0 = time.perf_counter()
     size = len(encode_spans(spans).SerializeToString()) if spans else 0
+    t1 = time.perf_counter()
     if data is not None:
-        size += len(encode_metrics(data).SerializeToString())
-    return time.perf_counter() - t0, len(spans), size
+        encode_metrics(data).SerializeToString()
+    return t1 - t0, time.perf_counter() - t1, len(spans), size
 
 
 @dataclass
@@ -84,6 +85,7 @@ class Timing:
     engine_s: float = 0.0  # Scheduler.add_request + schedule + update_from_output
     api_s: float = 0.0  # OutputProcessor.add_request + process_outputs (+ our span building)
     request_steps: int = 0  # scheduled (request, step) pairs
+    close_s: float = 0.0  # records still open at the end, closed as generate's end would
     encode_s: float = 0.0  # OTLP encoding of the round's spans and one metrics export
     spans: int = 0
     otlp_bytes: int = 0
@@ -177,7 +179,8 @@ def run_batch(fresh, n_requests: int, n_tokens: int, seed: int) -> Timing:
     for rec in list(request_api.live.values()):
         request_api.request_spans.emit_request(rec, time.monotonic())
     request_api.live.clear()
-    timing.api_s += time.perf_counter() - t0
+    timing.close_s = time.perf_counter() - t0
+    timing.api_s += timing.close_s
     return timing
 
 
@@ -231,54 +234,121 @@ async def _passthrough(n_outputs: int, rounds: int) -> float:
     return (min(hooked) - min(plain)) / rounds
 
 
-def measure(fresh, provider: TracerProvider, hooks: HookSet, n: int, tokens: int,
-            rounds: int) -> dict:
-    """plain vLLM / hooks that capture but emit nothing / hooks + spans + metrics + encoding."""
-    runs: dict[str, list[Timing]] = {"plain": [], "capture": [], "full": []}
-    emit = request_api.request_spans.emit_request
+class Meter:
+    """Own time of the hook wrappers (their time minus the vLLM call inside), per process side."""
+
+    def __init__(self) -> None:
+        self.own: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+
+    def timed(self, hook: Hook) -> Hook:
+        wrapper, side = hook.wrapper, hook.process
+
+        def run(wrapped, instance, args, kwargs):
+            inner = 0.0
+
+            def call(*a, **k):
+                nonlocal inner
+                t = time.perf_counter()
+                try:
+                    return wrapped(*a, **k)
+                finally:
+                    inner += time.perf_counter() - t
+
+            t0 = time.perf_counter()
+            try:
+                return wrapper(call, instance, args, kwargs)
+            finally:
+                self.own[side] = self.own.get(side, 0.0) + time.perf_counter() - t0 - inner
+                self.calls[side] = self.calls.get(side, 0) + 1
+
+        return replace(hook, wrapper=run, applied=False)
+
+
+def _per_call_overhead() -> tuple[float, float]:
+    """The timer's own cost per timed call (subtracted), and wrapt's dispatch per call (added:
+    a wrapped method costs that much more even when the wrapper does nothing)."""
+    import wrapt
+
+    def noop(*a, **k):
+        return None
+
+    def through(wrapped, instance, args, kwargs):
+        return wrapped(*args, **kwargs)
+
+    meter = Meter()
+    timed = wrapt.FunctionWrapper(noop, meter.timed(Hook("t", "m:f", through, process="x")).wrapper)
+    plain_wrapped = wrapt.FunctionWrapper(noop, through)
+    n = 20000
+    best_timer, best_wrapt = float("inf"), float("inf")
+    for _ in range(5):
+        meter.own.clear()
+        for _ in range(n):
+            timed()
+        best_timer = min(best_timer, meter.own["x"] / n)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            plain_wrapped()
+        t1 = time.perf_counter()
+        for _ in range(n):
+            noop()
+        best_wrapt = min(best_wrapt, ((t1 - t0) - (time.perf_counter() - t1)) / n)
+    return best_timer, max(best_wrapt, 0.0)
+
+
+def measure(fresh, provider: TracerProvider, n: int, tokens: int, rounds: int) -> dict:
+    """Our own time, measured directly (hook wrappers minus the vLLM calls inside them, the
+    ``generate`` hook over a stand-in, OTLP encoding of what was produced), next to plain vLLM's
+    time on the same code paths (runs without hooks, interleaved)."""
+    timer_s, wrapt_s = _per_call_overhead()
+    plain: list[Timing] = []
+    ours: list[dict] = []
     for r in range(rounds):
-        order = ["plain", "capture", "full"]
-        for mode in (order if r % 2 == 0 else order[::-1]):
-            if mode != "plain":
+        meter = Meter()
+        hooks = HookSet([meter.timed(h) for h in request.HOOKS if h.name != "request.generate"])
+        for mode in (("plain", "full") if r % 2 == 0 else ("full", "plain")):
+            if mode == "full":
                 hooks.apply()
-            if mode == "capture":
-                request_api.request_spans.emit_request = lambda rec, now: None
             encode_round(provider)  # start from an empty batch
             gc.collect()
             timing = run_batch(fresh, n, tokens, seed=10 + r)
-            timing.encode_s, timing.spans, timing.otlp_bytes = encode_round(provider)
-            runs[mode].append(timing)
-            request_api.request_spans.emit_request = emit
-            if mode != "plain":
-                hooks.remove()
-
-    def best(mode: str, field: str) -> float:
-        """Fastest round: the noise on a shared 2-core machine only ever adds time."""
-        return min(getattr(t, field) for t in runs[mode])
-
-    api = best("full", "api_s") - best("plain", "api_s")
-    capture = best("capture", "api_s") - best("plain", "api_s")
-    encode = best("full", "encode_s")
-    eng = best("full", "engine_s") - best("plain", "engine_s")
-    steps = best("full", "request_steps")
+            if mode == "plain":
+                plain.append(timing)
+                continue
+            hooks.remove()
+            encode_s, metrics_s, spans, size = encode_round(provider)
+            cost = {side: meter.own.get(side, 0.0) + meter.calls.get(side, 0) * (wrapt_s - timer_s)
+                    for side in ("api_server", "engine_core")}
+            ours.append({"api_s": cost["api_server"] + timing.close_s,
+                         "engine_s": cost["engine_core"], "encode_s": encode_s,
+                         "metrics_s": metrics_s,
+                         "spans": spans, "bytes": size,
+                         "steps": timing.request_steps})
     pt = asyncio.run(_passthrough(tokens, 2000))
-    full = runs["full"][-1]
+
+    def best(rows, key):
+        """Fastest round: the noise on a shared 2-core machine only ever adds time."""
+        return min(row[key] if isinstance(row, dict) else getattr(row, key) for row in rows)
+
+    api, enc, eng = best(ours, "api_s") / n, best(ours, "encode_s") / n, best(ours, "engine_s")
+    plain_api, plain_eng = best(plain, "api_s") / n, best(plain, "engine_s") / n
+    all_in = api + pt + enc
     return {
         "output_tokens": tokens,
-        "api_us_per_request_hooks": (capture + pt * n) / n * 1e6,
+        "api_us_per_request_hooks_spans_metrics": api * 1e6,
         "api_us_per_request_generate_hook": pt * 1e6,
-        "api_us_per_request_spans_and_metrics": (api - capture) / n * 1e6,
-        "api_us_per_request_otlp_encoding": encode / n * 1e6,
-        "api_us_per_request_all_in": (api + pt * n + encode) / n * 1e6,
-        "api_us_per_request_plain_vllm": best("plain", "api_s") / n * 1e6,
-        "api_all_in_ratio": (best("plain", "api_s") + api + pt * n + encode)
-        / best("plain", "api_s"),
-        "spans_per_request": full.spans / n,
-        "otlp_bytes_per_request": full.otlp_bytes / n,
+        "api_us_per_request_otlp_span_encoding": enc * 1e6,
+        "api_us_per_metrics_export_encoding": best(ours, "metrics_s") * 1e6,
+        "api_us_per_request_all_in": all_in * 1e6,
+        "api_us_per_request_plain_vllm": plain_api * 1e6,
+        "api_ratio_all_in": (plain_api + all_in) / plain_api,
+        "spans_per_request": ours[-1]["spans"] / n,
+        "otlp_bytes_per_request": ours[-1]["bytes"] / n,
         "engine_us_per_request": eng / n * 1e6,
-        "engine_us_per_scheduled_request_step": eng / steps * 1e6,
-        "engine_us_per_request_plain_vllm": best("plain", "engine_s") / n * 1e6,
-        "engine_ratio": best("full", "engine_s") / best("plain", "engine_s"),
+        "engine_us_per_scheduled_request_step": eng / ours[-1]["steps"] * 1e6,
+        "engine_us_per_request_plain_vllm": plain_eng * 1e6,
+        "engine_ratio": (plain_eng + eng / n) / plain_eng,
+        "wrapt_dispatch_us_per_call": wrapt_s * 1e6,
     }
 
 
@@ -298,7 +368,7 @@ def main() -> None:
     run_batch(fresh, args.requests, 16, seed=1)
     hooks.remove()
     lengths = [int(t) for t in args.tokens.split(",")]
-    results = [measure(fresh, provider, hooks, args.requests, t, args.rounds) for t in lengths]
+    results = [measure(fresh, provider, args.requests, t, args.rounds) for t in lengths]
     figures: dict = {"requests": args.requests, "rounds": args.rounds, "by_length": results}
     if len(results) >= 2:  # all-in = per request + per output x output tokens
         a, b = results[0], results[-1]

@@ -57,16 +57,22 @@ def settings() -> DetailSettings:
 class _Tail:
     """The latest TTFTs of one model and the p95 of them, recomputed every few requests."""
 
-    __slots__ = ("values", "count", "threshold")
+    __slots__ = ("values", "count", "threshold", "credit")
 
     def __init__(self) -> None:
         self.values: list[float] = []
         self.count = 0
         self.threshold: float | None = None
+        self.credit = 0.0  # tail requests still allowed: at most 5 % of all, bursts of 8
 
     def above(self, ttft: float) -> bool:
-        """Whether ``ttft`` is in the tail of the requests before it; then remembers it."""
-        above = self.threshold is not None and ttft > self.threshold
+        """Whether ``ttft`` is in the tail of the requests before it; then remembers it. A load
+        spike puts every request above the old p95: the credit keeps that to 5 % of requests
+        (the slow threshold still catches every slow one)."""
+        self.credit = min(self.credit + 1 - semconv.REQUEST_DETAIL_TAIL_QUANTILE, 8.0)
+        above = self.threshold is not None and ttft > self.threshold and self.credit >= 1
+        if above:
+            self.credit -= 1
         if len(self.values) < _TAIL_WINDOW:
             self.values.append(ttft)
         else:
