@@ -18,6 +18,7 @@ from urllib.parse import urlparse
 import pytest
 
 from otel_ttft import semconv
+from otel_ttft.environment_variables import OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT
 from otel_ttft.replay.server import VllmServer
 from tests.export_env import EXPORT_ENV
 
@@ -269,7 +270,7 @@ def test_vllm_tracing_on_one_request_span_and_ttft_agrees(receiver, tiny_model, 
     request span per request, our TTFT within 2 ms of vLLM's own, the prompt exported."""
     model = str(tiny_model)
     env = {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "OTEL_BSP_SCHEDULE_DELAY": "200",
-           semconv.ENV_CAPTURE_CONTENT: "true"}
+           OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT: "true"}
     # Two adapters, one CPU slot: the start-up loads evict each other, so the first request for
     # "lora-a" loads it again, inside its TTFT.
     lora_a = write_lora_adapter(Path(tiny_model), tmp_path / "lora-a")
