@@ -29,7 +29,7 @@ def _output_kinds() -> tuple[int, int]:
     """vLLM's ``RequestOutputKind`` values for DELTA and FINAL_ONLY, looked up once."""
     from vllm.sampling_params import RequestOutputKind as K
 
-    return int(K.DELTA), int(K.FINAL_ONLY)
+    return K.DELTA.value, K.FINAL_ONLY.value
 
 
 # --- AsyncLLM.generate --------------------------------------------------------------------------
