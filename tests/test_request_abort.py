@@ -1,4 +1,4 @@
-"""How a request ends, on vLLM's real ``AsyncLLM.generate`` and ``OutputProcessor``, deterministically.
+"""How a request ends, on vLLM's real ``AsyncLLM.generate`` and ``OutputProcessor``.
 
 The concurrent-streams test dropped a request after its first chunk and sometimes found it not
 marked aborted (2 of 26 runs). The cause: when the engine finished the request before the server
