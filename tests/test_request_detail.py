@@ -6,32 +6,37 @@ from __future__ import annotations
 
 import pytest
 
-from otel_ttft import semconv
+from otel_ttft import config, semconv
+from otel_ttft import environment_variables as env
 from otel_ttft.analysis.breakdown import collect
+from otel_ttft.config import Config
 from otel_ttft.hooks.request import detail
 from otel_ttft.hooks.request import spans as request_spans
-from otel_ttft.hooks.request.state import Handle, Req
+from otel_ttft.hooks.request.state import Handle, RequestRecord
 from otel_ttft.hooks.request.timeline import SCHEDULED
 from tests import analysis_fixtures as fx
 from tests.otel_memory import memory_exporter
 
 
 @pytest.fixture
-def policy(monkeypatch):
-    def use(mode: str = "auto", slow_ms: str = "1000", ratio: str = "0"):
-        monkeypatch.setenv(semconv.ENV_REQUEST_DETAIL, mode)
-        monkeypatch.setenv(semconv.ENV_REQUEST_DETAIL_SLOW_MS, slow_ms)
-        monkeypatch.setenv(semconv.ENV_REQUEST_DETAIL_RATIO, ratio)
+def policy():
+    def use(mode: str = "auto", slow_ms: str = "1000", ratio: str = "0") -> Config:
+        cfg = Config.from_env({env.OTEL_TTFT_REQUEST_DETAIL: mode,
+                               env.OTEL_TTFT_REQUEST_DETAIL_SLOW_MS: slow_ms,
+                               env.OTEL_TTFT_REQUEST_DETAIL_RATIO: ratio})
+        config.configure(cfg)
         detail.reset()
+        return cfg
 
+    before = config.current
     yield use
-    monkeypatch.delenv(semconv.ENV_REQUEST_DETAIL, raising=False)
+    config.configure(before)
     detail.reset()
 
 
 def _record(ttft: float, model: str = "tiny", cold: bool = False, error: str | None = None):
     handle = Handle(None, None, model, streaming=False)
-    rec = Req("req-1", "cmpl-1", handle, arrival=100.0)
+    rec = RequestRecord("req-1", "cmpl-1", handle, arrival=100.0)
     handle.records.append(rec)
     rec.model, rec.prompt_len, rec.out_tokens, rec.cold, rec.error = model, 12, 4, cold, error
     rec.queued = 100.0 + ttft * 0.1
@@ -110,10 +115,11 @@ def test_all_none_and_the_sampled_share(policy):
 
 
 def test_garbage_settings_fall_back_to_the_defaults(policy):
-    policy("everything", slow_ms="fast", ratio="lots")
-    s = detail.settings()
-    assert (s.mode, s.slow_s, s.ratio) == ("auto", semconv.DEFAULT_REQUEST_DETAIL_SLOW_MS / 1000,
-                                           semconv.DEFAULT_REQUEST_DETAIL_RATIO)
+    s = policy("everything", slow_ms="fast", ratio="lots")
+    assert (s.request_detail, s.detail_slow_s, s.detail_ratio) == (
+        "auto", env.DEFAULT_REQUEST_DETAIL_SLOW_MS / 1000, env.DEFAULT_REQUEST_DETAIL_RATIO)
+    assert policy(ratio="nan").detail_ratio == env.DEFAULT_REQUEST_DETAIL_RATIO
+    assert policy(ratio="7").detail_ratio == 1.0
 
 
 def test_analyze_reads_the_stages_from_a_request_span_without_children():

@@ -28,8 +28,9 @@ KV blocks at arrival), ``request.admission_attempt`` (prefix-cache lookups = adm
 ``request.engine_output`` (ships the ``payload`` with the request's first output),
 ``request.engine_finish`` (forgets requests that end before any output).
 
-Worker (``worker``): ``request.adapter_load``, ``request.compile_in_step`` (warm-up paid inside a
-step) and ``request.warmup_ship`` (hands those times to EngineCore with the step's output).
+Worker (``worker``): ``request.adapter_load`` (an adapter loaded inside a step; compiles inside a
+step are timed by ``warmup.compile``, the one ``monitor_torch_compile`` wrapper) and
+``request.warmup_ship`` (hands those times to EngineCore with the step's output).
 
 Modules: ``api`` (API-process hooks), ``engine`` (EngineCore hooks), ``worker`` (adapter/compile/
 output hooks), ``payload`` (EngineCore -> API payload), ``state`` (per-request state),
@@ -42,11 +43,11 @@ from otel_ttft import semconv
 from otel_ttft.hooks.registry import Hook
 from otel_ttft.hooks.request import engine, worker
 from otel_ttft.hooks.request.api import (
+    Generate,
     wrap_abort_requests,
     wrap_add_request,
     wrap_do_tracing,
     wrap_finish_request,
-    wrap_generate,
     wrap_process_outputs,
     wrap_propagate_error,
     wrap_stream_response,
@@ -56,40 +57,33 @@ API_SERVER, ENGINE_CORE, WORKER = "api_server", "engine_core", "worker"
 _OP = "vllm.v1.engine.output_processor:OutputProcessor"
 _SCHED = "vllm.v1.core.sched.scheduler:Scheduler"
 HOOKS: list[Hook] = [
-    Hook("request.generate", "vllm.v1.engine.async_llm:AsyncLLM.generate", wrap_generate,
-         process=API_SERVER, guarded=False),
+    Hook("request.generate", "vllm.v1.engine.async_llm:AsyncLLM.generate", Generate,
+         process=API_SERVER),
     Hook("request.flush", "starlette.responses:StreamingResponse.stream_response",
-         wrap_stream_response, stage=semconv.STAGE_FRONTEND, process=API_SERVER, guarded=False,
+         wrap_stream_response, stage=semconv.STAGE_FRONTEND, process=API_SERVER,
          optional=True),
     Hook("request.add", f"{_OP}.add_request", wrap_add_request, process=API_SERVER),
-    Hook("request.outputs", f"{_OP}.process_outputs", wrap_process_outputs, process=API_SERVER,
-         guarded=False),
+    Hook("request.outputs", f"{_OP}.process_outputs", wrap_process_outputs, process=API_SERVER),
     Hook("request.finish", f"{_OP}._finish_request", wrap_finish_request, process=API_SERVER),
     Hook("request.abort", f"{_OP}.abort_requests", wrap_abort_requests, process=API_SERVER),
     Hook("request.error", f"{_OP}.propagate_error", wrap_propagate_error, process=API_SERVER),
     Hook("request.vllm_span", f"{_OP}.do_tracing", wrap_do_tracing, process=API_SERVER),
     Hook("request.engine_arrival", f"{_SCHED}.add_request",
          engine.wrap_scheduler_add_request, stage=semconv.STAGE_QUEUE,
-         process=ENGINE_CORE, guarded=False),
+         process=ENGINE_CORE),
     Hook("request.admission_attempt", f"{_SCHED}._get_local_prefix_cache_hit",
-         engine.wrap_prefix_lookup, stage=semconv.STAGE_QUEUE, process=ENGINE_CORE,
-         guarded=False),
+         engine.wrap_prefix_lookup, stage=semconv.STAGE_QUEUE, process=ENGINE_CORE),
     Hook("request.admission", f"{_SCHED}.schedule", engine.wrap_schedule,
-         stage=semconv.STAGE_QUEUE, process=ENGINE_CORE, guarded=False),
+         stage=semconv.STAGE_QUEUE, process=ENGINE_CORE),
     Hook("request.preempt", f"{_SCHED}._preempt_request", engine.wrap_preempt_request,
-         stage=semconv.STAGE_QUEUE, process=ENGINE_CORE, guarded=False),
+         stage=semconv.STAGE_QUEUE, process=ENGINE_CORE),
     Hook("request.engine_output", f"{_SCHED}.update_from_output",
-         engine.wrap_update_from_output, process=ENGINE_CORE, guarded=False),
+         engine.wrap_update_from_output, process=ENGINE_CORE),
     Hook("request.engine_finish", f"{_SCHED}.finish_requests",
-         engine.wrap_finish_requests, process=ENGINE_CORE, guarded=False),
+         engine.wrap_finish_requests, process=ENGINE_CORE),
     Hook("request.adapter_load", "vllm.lora.worker_manager:WorkerLoRAManager._load_adapter",
-         worker.wrap_load_adapter, stage=semconv.STAGE_WARMUP_ADAPTER, process=WORKER,
-         guarded=False),
-    Hook("request.compile_in_step", "vllm.compilation.decorators:monitor_torch_compile",
-         worker.wrap_monitor_torch_compile, stage=semconv.STAGE_WARMUP_COMPILE,
-         process=WORKER, guarded=False),
+         worker.wrap_load_adapter, stage=semconv.STAGE_WARMUP_ADAPTER, process=WORKER),
     Hook("request.warmup_ship", "vllm.v1.executor.multiproc_executor:WorkerProc.enqueue_output",
-         worker.wrap_enqueue_output, stage=semconv.STAGE_WARMUP_ADAPTER, process=WORKER,
-         guarded=False),
+         worker.wrap_enqueue_output, stage=semconv.STAGE_WARMUP_ADAPTER, process=WORKER),
 ]
 

@@ -10,48 +10,17 @@ one that waited for a compile or an adapter), slow ones (TTFT above
 256 requests), failed or aborted ones, and a sampled share of the rest
 (``OTEL_TTFT_REQUEST_DETAIL_RATIO``, decided by trace id so that every process agrees). ``all``:
 every request; ``none``: never. The configured sampler decides first: a request span that is
-not recording gets no children either.
+not recording gets no children either. Settings: ``config.current`` (``request_detail``,
+``detail_slow_s``, ``detail_ratio``), read when instrumenting.
 """
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-from functools import cache
-
-from otel_ttft import semconv
+from otel_ttft import config, semconv
 
 _TAIL_WINDOW = 256
 _TAIL_EVERY = 32  # the tail threshold is re-read from the window every this many requests
 _RATIO_BITS = 1 << 56
-
-
-@dataclass(frozen=True)
-class DetailSettings:
-    mode: str  # auto | all | none
-    slow_s: float
-    ratio: float
-
-
-def _float_env(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, "") or default)
-    except ValueError:
-        return default
-
-
-@cache
-def settings() -> DetailSettings:
-    """Read once, at the first request (``settings.cache_clear()`` re-reads)."""
-    mode = os.environ.get(semconv.ENV_REQUEST_DETAIL, "").strip().lower() or "auto"
-    if mode not in ("auto", semconv.DETAIL_ALL, "none"):
-        mode = "auto"
-    return DetailSettings(
-        mode=mode,
-        slow_s=_float_env(semconv.ENV_REQUEST_DETAIL_SLOW_MS,
-                          semconv.DEFAULT_REQUEST_DETAIL_SLOW_MS) / 1000,
-        ratio=min(1.0, max(0.0, _float_env(semconv.ENV_REQUEST_DETAIL_RATIO,
-                                           semconv.DEFAULT_REQUEST_DETAIL_RATIO))))
 
 
 class _Tail:
@@ -89,10 +58,10 @@ _tails: dict[str | None, _Tail] = {}
 
 def reason(*, cold: bool, ttft: float | None, failed: bool, model: str | None) -> str | None:
     """Why this request's children are built, or None (then maybe sampled: ``sampled``)."""
-    s = settings()
-    if s.mode == semconv.DETAIL_ALL:
+    s = config.current
+    if s.request_detail == semconv.DETAIL_ALL:
         return semconv.DETAIL_ALL
-    if s.mode == "none":
+    if s.request_detail == semconv.DETAIL_NONE:
         return None
     tail = _tails.get(model)
     if tail is None:
@@ -104,7 +73,7 @@ def reason(*, cold: bool, ttft: float | None, failed: bool, model: str | None) -
         return semconv.DETAIL_COLD
     if failed or ttft is None:
         return semconv.DETAIL_ERROR
-    if ttft >= s.slow_s:
+    if ttft >= s.detail_slow_s:
         return semconv.DETAIL_SLOW
     if in_tail:
         return semconv.DETAIL_TAIL
@@ -113,11 +82,11 @@ def reason(*, cold: bool, ttft: float | None, failed: bool, model: str | None) -
 
 def sampled(trace_id: int) -> bool:
     """The sampled share, by trace id (the low 56 bits, random in W3C trace ids)."""
-    s = settings()
-    return s.mode == "auto" and (trace_id % _RATIO_BITS) < s.ratio * _RATIO_BITS
+    s = config.current
+    return s.request_detail == semconv.DETAIL_AUTO and \
+        (trace_id % _RATIO_BITS) < s.detail_ratio * _RATIO_BITS
 
 
 def reset() -> None:
-    """Forget the tails and re-read the settings (tests)."""
+    """Forget every model's tail (tests)."""
     _tails.clear()
-    settings.cache_clear()

@@ -19,11 +19,11 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from otel_ttft import clock, ids, semconv, spans
+from otel_ttft import clock, config, ids, semconv, spans
 from otel_ttft.hooks.request import detail as request_detail
 from otel_ttft.hooks.request import metrics as request_metrics
-from otel_ttft.hooks.request import state as request_state
-from otel_ttft.hooks.request.state import Req, fail
+from otel_ttft.hooks.request.payload import EnginePayload
+from otel_ttft.hooks.request.state import RequestRecord
 from otel_ttft.hooks.request.timeline import PREEMPTED, SCHEDULED, Segment, stage_totals, tile
 
 logger = logging.getLogger("otel_ttft")
@@ -175,19 +175,13 @@ _PARAMS = (
 )
 
 
-def emit_request(rec: Req, now: float) -> None:
-    try:
-        _emit_unguarded(rec, now)
-    except Exception as exc:  # noqa: BLE001
-        fail("emit", exc)
-
-
-def _emit_unguarded(rec: Req, now: float) -> None:
+def emit_request(rec: RequestRecord, now: float) -> None:
+    """The request's span tree and metric samples (its hooks' failure rule applies)."""
     handle = rec.handle
     end = now if handle is not None else (rec.done or now)
-    eng = rec.engine or {}
-    queued = rec.queued if rec.queued is not None else eng.get("queued")
-    schedule = rec.schedule or eng.get("schedule") or []
+    eng = rec.engine
+    queued = rec.queued if rec.queued is not None or eng is None else eng.queued
+    schedule = rec.schedule or (eng.schedule if eng is not None else [])
     if rec.first_tok is not None and not rec.schedule:
         for kind, ts in schedule:
             if kind == PREEMPTED and ts >= rec.first_tok:
@@ -200,7 +194,9 @@ def _emit_unguarded(rec: Req, now: float) -> None:
             # The first chunk written to the client if we saw it, else the hand-off to it.
             flushed = handle.flush.first if handle.flush is not None else None
             ttft_end = max(flushed or handle.first_out, rec.recv)
-    segments = tile(rec.arrival, queued, schedule, rec.first_tok, ttft_end, end)
+    # Rejected on arrival: nothing ran, so no stage tiles its (absent) TTFT.
+    segments = ([] if rec.rejected is not None
+                else tile(rec.arrival, queued, schedule, rec.first_tok, ttft_end, end))
     ttft = (ttft_end - rec.arrival) if ttft_end is not None else None
     first_decode = ((rec.first_tok, rec.second_tok)
                     if rec.first_tok is not None and rec.second_tok is not None else None)
@@ -227,7 +223,7 @@ def _emit_unguarded(rec: Req, now: float) -> None:
         parent, kind = parent_context(handle.headers, handle.context)
     else:
         parent, kind = parent_context(rec.trace_headers, None)
-    error = rec.error or (handle.error if handle is not None else None)
+    error = rec.rejected or rec.error or (handle.error if handle is not None else None)
     aborted = attrs.get(semconv.ATTR_REQUEST_ABORTED, False)
     warmup = _warmup_spans(eng)
     detail = request_detail.reason(cold=rec.cold or bool(warmup), ttft=ttft,
@@ -237,24 +233,39 @@ def _emit_unguarded(rec: Req, now: float) -> None:
         segments=segments, first_decode=first_decode, warmup=warmup,
         attributes=attrs, events=events, links=links, error=error, detail=detail)
 
-    total = eng.get("total")
-    usage = (1.0 - eng["free"] / total) if total and eng.get("free") is not None else None
+    usage = (1.0 - eng.free / eng.total) if eng is not None and eng.total else None
     ctx = trace.set_span_in_context(span) if span.get_span_context().is_valid else None
-    request_metrics.record_request(ttft, stages, rec.model, rec.cold, eng.get("waiting"), usage,
-                                   context=ctx)
+    request_metrics.record_request(ttft, stages, rec.model, rec.cold,
+                                   eng.waiting if eng is not None else None, usage,
+                                   context=ctx, operation=operation_name(rec.ext_id))
 
 
-def _warmup_spans(eng: dict[str, Any]) -> list[tuple[str, str, float, float]]:
+def _warmup_spans(eng: EnginePayload | None) -> list[tuple[str, str, float, float]]:
+    if eng is None:
+        return []
     out = [(semconv.SPAN_TORCH_COMPILE, semconv.STAGE_WARMUP_COMPILE, s, e)
-           for s, e in eng.get("compile") or ()]
-    if eng.get("adapter") is not None:
-        out.append((semconv.SPAN_ADAPTER_LOAD, semconv.STAGE_WARMUP_ADAPTER, *eng["adapter"]))
+           for s, e in eng.compile]
+    if eng.adapter is not None:
+        out.append((semconv.SPAN_ADAPTER_LOAD, semconv.STAGE_WARMUP_ADAPTER, *eng.adapter))
     return out
 
 
-def _attributes(rec: Req, eng: dict[str, Any], ttft: float | None,
+_CHAT_PREFIXES = ("chatcmpl-", "resp-")  # vLLM's request ids: chat completions, responses
+
+
+def operation_name(external_id: str) -> str:
+    """``gen_ai.operation.name`` from vLLM's request id (``chatcmpl-...`` for chat; completions
+    and offline ``generate`` are text completions)."""
+    if external_id.startswith(_CHAT_PREFIXES):
+        return semconv.GEN_AI_OPERATION_CHAT
+    return semconv.GEN_AI_OPERATION_TEXT_COMPLETION
+
+
+def _attributes(rec: RequestRecord, eng: EnginePayload | None, ttft: float | None,
                 schedule: list[tuple[str, float]]) -> dict[str, Any]:
-    attrs: dict[str, Any] = {semconv.VLLM_REQUEST_ID: rec.ext_id}
+    attrs: dict[str, Any] = {semconv.VLLM_REQUEST_ID: rec.ext_id,
+                             semconv.GEN_AI_OPERATION_NAME: operation_name(rec.ext_id),
+                             semconv.GEN_AI_PROVIDER_NAME: semconv.GEN_AI_PROVIDER_VLLM}
     if rec.vllm:
         attrs.update({k: v for k, v in rec.vllm.items() if v is not None})
     if rec.model:
@@ -284,29 +295,28 @@ def _attributes(rec: Req, eng: dict[str, Any], ttft: float | None,
     if rec.aborted or (handle is not None and handle.aborted and not finish):
         attrs[semconv.ATTR_REQUEST_ABORTED] = True
     attrs[semconv.ATTR_REQUEST_SCHEDULE_KNOWN] = any(k == SCHEDULED for k, _ in schedule)
-    if eng:
-        if "attempts" in eng:
-            admitted = sum(1 for kind, ts in schedule if kind == SCHEDULED
-                           and (rec.first_tok is None or ts < rec.first_tok))
-            attrs[semconv.ATTR_REQUEST_ADMISSION_FAILED] = max(0, eng["attempts"] - admitted)
-        for key, attr in (("waiting", semconv.ATTR_REQUEST_ARRIVAL_WAITING),
-                          ("running", semconv.ATTR_REQUEST_ARRIVAL_RUNNING),
-                          ("free", semconv.ATTR_REQUEST_ARRIVAL_KV_FREE),
-                          ("total", semconv.ATTR_REQUEST_ARRIVAL_KV_TOTAL)):
-            if key in eng:
-                attrs[attr] = eng[key]
-        if eng.get("total"):
-            attrs[semconv.ATTR_REQUEST_ARRIVAL_KV_USAGE] = 1.0 - eng["free"] / eng["total"]
+    if rec.rejected is not None:
+        attrs[semconv.ATTR_REQUEST_REJECTED] = True
+    if eng is not None:
+        admitted = sum(1 for kind, ts in schedule if kind == SCHEDULED
+                       and (rec.first_tok is None or ts < rec.first_tok))
+        attrs[semconv.ATTR_REQUEST_ADMISSION_FAILED] = max(0, eng.attempts - admitted)
+        attrs[semconv.ATTR_REQUEST_ARRIVAL_WAITING] = eng.waiting
+        attrs[semconv.ATTR_REQUEST_ARRIVAL_RUNNING] = eng.running
+        attrs[semconv.ATTR_REQUEST_ARRIVAL_KV_FREE] = eng.free
+        attrs[semconv.ATTR_REQUEST_ARRIVAL_KV_TOTAL] = eng.total
+        if eng.total:
+            attrs[semconv.ATTR_REQUEST_ARRIVAL_KV_USAGE] = 1.0 - eng.free / eng.total
     if rec.lora is not None:
         attrs[semconv.ATTR_LORA_NAME] = rec.lora.lora_name
         attrs[semconv.ATTR_LORA_ID] = rec.lora.lora_int_id
-        adapter = eng.get("adapter")
+        adapter = eng.adapter if eng is not None else None
         if adapter is not None:
             attrs[semconv.ATTR_LORA_LOAD_SECONDS] = adapter[1] - adapter[0]
             rec.cold = True  # it paid for its adapter's activation
             attrs[semconv.ATTR_ACTIVATION_KIND] = "adapter"
-    if eng.get("compile"):
-        attrs[semconv.ATTR_REQUEST_COMPILE_SECONDS] = sum(e - s for s, e in eng["compile"])
+    if eng is not None and eng.compile:
+        attrs[semconv.ATTR_REQUEST_COMPILE_SECONDS] = sum(e - s for s, e in eng.compile)
         rec.cold = True  # it waited for warm-up work
     act = rec.activation
     if act is not None:
@@ -316,7 +326,7 @@ def _attributes(rec: Req, eng: dict[str, Any], ttft: float | None,
             attrs[semconv.ATTR_REQUEST_SINCE_READY] = (
                 clock.monotonic_to_epoch_ns(rec.arrival) - act.ready_ns) / 1e9
     attrs[semconv.ATTR_REQUEST_COLD] = rec.cold
-    if request_state.CAPTURE_CONTENT:
+    if config.current.capture_content:
         if rec.prompt is not None:
             attrs[semconv.GEN_AI_INPUT_MESSAGES] = json.dumps(
                 [{"role": "user", "parts": [{"type": "text", "content": rec.prompt}]}])

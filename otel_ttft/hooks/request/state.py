@@ -1,149 +1,163 @@
-"""Per-request state in the API process: the record of one engine request, the handle of one
-``generate`` call, and which activation a request may have paid for (cold/warm)."""
+"""Per-request state in the API process: the record of one engine request and the handle of one
+``generate`` call. Times are ``time.monotonic()`` seconds (host-wide: EngineCore's compare)."""
 
 from __future__ import annotations
 
 import contextvars
-import logging
-import os
+from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 
-from otel_ttft import semconv
+from otel_ttft import config
 from otel_ttft.hooks.request import payload
+from otel_ttft.hooks.request.payload import EnginePayload
 from otel_ttft.hooks.request.timeline import PREEMPTED, SCHEDULED
-
-logger = logging.getLogger("otel_ttft")
-
-_QUEUED, _SCHEDULED, _PREEMPTED = 1, 2, 3  # vllm.v1.engine.EngineCoreEventType values
-
-CAPTURE_CONTENT = os.environ.get(semconv.ENV_CAPTURE_CONTENT, "").strip().lower() == "true"
+from otel_ttft.semconv import ENGINE_PAYLOAD_HEADER as PAYLOAD_HEADER
 
 
-def _cold_requests() -> int:
-    try:
-        return max(0, int(os.environ.get(semconv.ENV_COLD_REQUESTS,
-                                         semconv.DEFAULT_COLD_REQUESTS)))
-    except ValueError:
-        return semconv.DEFAULT_COLD_REQUESTS
+@cache
+def _event_types() -> tuple[int, int, int]:
+    """vLLM's ``EngineCoreEventType`` values for QUEUED, SCHEDULED, PREEMPTED, looked up once."""
+    from vllm.v1.engine import EngineCoreEventType as T
 
-
-COLD_REQUESTS = _cold_requests()
-
-live: dict[str, Req] = {}  # internal request id -> record, until its outputs stop
-done: list[Req] = []  # finished inside process_outputs; closed once vLLM's own tracing ran
-HANDLE: contextvars.ContextVar[Handle | None] = contextvars.ContextVar("otel_ttft_request",
-                                                                         default=None)
-_failed_once: set[str] = set()
-
-
-_telemetry = False
+    return int(T.QUEUED), int(T.SCHEDULED), int(T.PREEMPTED)
 
 
 def telemetry_on() -> bool:
     """Whether a tracer or meter provider exists yet: without one, tracking would be waste."""
     global _telemetry
     if not _telemetry:
-        _telemetry = (not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+        cfg = config.current
+        _telemetry = (cfg.tracer_provider is not None or cfg.meter_provider is not None
+                      or not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
                       or hasattr(metrics.get_meter_provider(), "force_flush"))
     return _telemetry
 
 
-def failed(where: str) -> bool:
-    return where in _failed_once
+_telemetry = False
 
 
-def fail(where: str, exc: BaseException) -> None:
-    if where not in _failed_once:
-        _failed_once.add(where)
-        logger.warning("otel-ttft request hook %s failed: %r", where, exc, exc_info=exc)
+@dataclass(slots=True, eq=False)
+class FlushBox:
+    """When the first body chunk after our first output left for the client."""
+
+    armed: bool = False
+    """Set once ``generate`` handed over its first output."""
+    first: float | None = None
+    """When the server finished writing that chunk."""
 
 
+@dataclass(slots=True, eq=False)
 class Handle:
     """One ``generate`` call: its parent context and what the HTTP layer was given."""
 
-    __slots__ = ("headers", "context", "model", "streaming", "delta", "records", "first_out",
-                 "finish", "texts", "error", "aborted", "flush")
-
-    def __init__(self, headers: Any, context: otel_context.Context | None, model: str | None,
-                 streaming: bool, delta: bool = False):
-        self.headers, self.context = headers, context  # the caller's traceparent; current span
-        self.model, self.streaming = model, streaming
-        self.delta = delta
-        self.records: list[Req] = []
-        self.first_out: float | None = None
-        self.finish: list[str] | None = None
-        self.texts: dict[int, str] | None = {} if CAPTURE_CONTENT else None
-        self.error: str | None = None
-        self.aborted = False
-        self.flush: FlushBox | None = None  # the HTTP response streaming this request, if any
-
-
-class FlushBox:
-    """When the first body chunk after our first output left for the client (monotonic s)."""
-
-    __slots__ = ("armed", "first")
-
-    def __init__(self) -> None:
-        self.armed = False
-        self.first: float | None = None
-
-
-FLUSH: contextvars.ContextVar[FlushBox | None] = contextvars.ContextVar("otel_ttft_flush",
-                                                                       default=None)
+    headers: Any
+    """The caller's ``trace_headers`` (``traceparent``), for the parent when no span is current."""
+    context: otel_context.Context | None
+    """The context current when ``generate`` was called (the HTTP server span, if any)."""
+    model: str | None
+    """The served model name."""
+    streaming: bool
+    """Outputs stream to the client (TTFT ends at the first chunk, not at the last)."""
+    delta: bool = False
+    """Outputs are deltas (``RequestOutputKind.DELTA``): captured text is concatenated."""
+    records: list[RequestRecord] = field(default_factory=list)
+    """The engine requests of this call (``n > 1`` makes several)."""
+    first_out: float | None = None
+    """When the first output was handed to the HTTP layer."""
+    finish: list[str] | None = None
+    """Finish reasons of the final output, once it was handed over."""
+    texts: dict[int, str] | None = None
+    """Output text per choice; only with content capture opted in."""
+    error: str | None = None
+    """vLLM's error, if ``generate`` raised."""
+    aborted: bool = False
+    """The consumer left (closed or cancelled the stream) before the final output."""
+    flush: FlushBox | None = None
+    """The HTTP response streaming this request, if any."""
 
 
-class Req:
-    """One engine request (``n > 1`` makes several per ``generate`` call)."""
+@dataclass(slots=True, eq=False)
+class RequestRecord:
+    """One engine request, from ``OutputProcessor.add_request`` until its span is emitted."""
 
-    __slots__ = (
-        "rid", "ext_id", "handle", "arrival", "model", "params", "prompt_len", "prompt", "lora",
-        "trace_headers", "queued", "schedule", "first_tok", "second_tok", "recv", "out_tokens",
-        "cached", "engine", "late_preemptions", "finish", "aborted", "error", "done", "vllm",
-        "cold", "cold_index", "activation",
-    )
-
-    def __init__(self, rid: str, ext_id: str, handle: Handle | None, arrival: float):
-        self.rid, self.ext_id, self.handle, self.arrival = rid, ext_id, handle, arrival
-        self.model: str | None = None
-        self.params: Any = None
-        self.prompt_len: int | None = None
-        self.prompt: str | None = None
-        self.lora: Any = None
-        self.trace_headers: Any = None
-        self.queued: float | None = None
-        self.schedule: list[tuple[str, float]] = []
-        self.first_tok: float | None = None
-        self.second_tok: float | None = None
-        self.recv: float | None = None
-        self.out_tokens = 0
-        self.cached: int | None = None
-        self.engine: dict[str, Any] | None = None
-        self.late_preemptions: list[float] = []
-        self.finish: str | None = None
-        self.aborted = False
-        self.error: str | None = None
-        self.done: float | None = None
-        self.vllm: dict[str, Any] | None = None
-        self.cold = False
-        self.cold_index = 0
-        self.activation: Any = None
+    rid: str
+    """vLLM's internal request id."""
+    ext_id: str
+    """The external (client-facing) request id."""
+    handle: Handle | None
+    """Its ``generate`` call; ``None`` for offline ``LLMEngine`` requests."""
+    arrival: float
+    """vLLM's arrival time (the request span's start)."""
+    model: str | None = None
+    """Served model or LoRA adapter name."""
+    params: Any = None
+    """vLLM's ``SamplingParams``."""
+    prompt_len: int | None = None
+    """Prompt tokens."""
+    prompt: str | None = None
+    """Prompt text; only with content capture opted in."""
+    lora: Any = None
+    """vLLM's ``LoRARequest``, if any."""
+    trace_headers: Any = None
+    """The request's ``trace_headers`` (parent of offline requests)."""
+    queued: float | None = None
+    """vLLM's QUEUED event time (EngineCore received it)."""
+    schedule: list[tuple[str, float]] = field(default_factory=list)
+    """(``SCHEDULED``|``PREEMPTED``, time) before the first token, from vLLM's events."""
+    first_tok: float | None = None
+    """EngineCore's timestamp of the step that produced the first token."""
+    second_tok: float | None = None
+    """The same for the second token (``first_decode``)."""
+    recv: float | None = None
+    """When the API process received the first output."""
+    out_tokens: int = 0
+    """Output tokens received."""
+    cached: int | None = None
+    """Prompt tokens served from the prefix cache."""
+    engine: EnginePayload | None = None
+    """What EngineCore noted (queue depth, KV blocks, admission attempts, warm-up)."""
+    late_preemptions: list[float] = field(default_factory=list)
+    """Preemptions after the first token (span events, not segments)."""
+    finish: str | None = None
+    """The engine's finish reason."""
+    rejected: str | None = None
+    """vLLM's error when the engine rejected it on arrival (``EngineCoreOutput.error``)."""
+    aborted: bool = False
+    """Aborted before its final output reached the caller."""
+    error: str | None = None
+    """An engine failure that reached it."""
+    done: float | None = None
+    """When the OutputProcessor let it go."""
+    vllm: dict[str, Any] | None = None
+    """vLLM's own ``llm_request`` attributes, when its tracing is on."""
+    cold: bool = False
+    """It paid for an activation: among the first requests after one, or it waited for
+    warm-up work."""
+    cold_index: int = 0
+    """Its position among the requests since the latest activation (1 = first)."""
+    activation: Any = None
+    """The latest activation (``hooks.activation``) when it arrived."""
 
     # -- what the first output says (once) -------------------------------------------------------
     def on_first(self, eco: Any, ts: float, now: float) -> None:
         self.recv = now
-        if eco.new_token_ids or getattr(eco, "pooling_output", None) is not None:
+        error = getattr(eco, "error", None)  # vLLM >= 0.33: rejected on arrival, nothing ran
+        if error is not None:
+            self.rejected = f"{getattr(error, 'code', 'error')}: {getattr(error, 'message', '')}"
+        elif eco.new_token_ids or getattr(eco, "pooling_output", None) is not None:
             self.first_tok = ts
         self.out_tokens += len(eco.new_token_ids)
         if eco.events:
             self.on_events(eco.events)
         headers = eco.trace_headers
-        if headers and semconv.ENGINE_PAYLOAD_HEADER in headers:
-            rest = {k: v for k, v in headers.items() if k != semconv.ENGINE_PAYLOAD_HEADER}
+        if headers and PAYLOAD_HEADER in headers:
+            rest = {k: v for k, v in headers.items() if k != PAYLOAD_HEADER}
             eco.trace_headers = rest or None
-            self.engine = payload.decode(headers[semconv.ENGINE_PAYLOAD_HEADER])
+            self.engine = payload.decode(headers[PAYLOAD_HEADER])
         stats = getattr(eco, "prefill_stats", None)
         if stats is not None:
             self.cached = stats.num_cached_tokens
@@ -151,41 +165,28 @@ class Req:
             self.finish = str(eco.finish_reason)
 
     def on_events(self, events: Any) -> None:
+        queued, scheduled, preempted = _event_types()
         for ev in events:
             kind = int(ev.type)
-            if kind == _QUEUED:
+            if kind == queued:
                 if self.queued is None:
                     self.queued = ev.timestamp
-            elif kind == _SCHEDULED:
+            elif kind == scheduled:
                 self.schedule.append((SCHEDULED, ev.timestamp))
-            elif kind == _PREEMPTED:
+            elif kind == preempted:
                 if self.first_tok is not None and ev.timestamp >= self.first_tok:
                     self.late_preemptions.append(ev.timestamp)
                 else:
                     self.schedule.append((PREEMPTED, ev.timestamp))
 
 
-# --- activation bookkeeping ----------------------------------------------------------------------
-
-_act_key: Any = None
-_act_count = 0
-
-
-def note_activation(rec: Req) -> None:
-    global _act_key, _act_count
-    try:
-        from otel_ttft.hooks.activation import last_activation
-    except ImportError:
-        return
-    act = last_activation()
-    if act is None:
-        return
-    key = (act.kind, act.start_ns)
-    if key != _act_key:
-        _act_key, _act_count = key, 0
-    _act_count += 1
-    rec.activation = act
-    rec.cold_index = _act_count
-    rec.cold = _act_count <= COLD_REQUESTS
-
-
+live: dict[str, RequestRecord] = {}
+"""Internal request id -> record, until its outputs stop."""
+done: list[RequestRecord] = []
+"""Finished inside ``process_outputs``; emitted once vLLM's own tracing ran."""
+HANDLE: contextvars.ContextVar[Handle | None] = contextvars.ContextVar("otel_ttft_request",
+                                                                         default=None)
+"""The ``generate`` call whose first step is running (read by ``add_request``)."""
+FLUSH: contextvars.ContextVar[FlushBox | None] = contextvars.ContextVar("otel_ttft_flush",
+                                                                       default=None)
+"""The streaming HTTP response this task writes, if any (read by ``generate``)."""
