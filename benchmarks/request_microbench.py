@@ -14,7 +14,8 @@ Spans and metrics go through SDK providers as ``opentelemetry-instrument`` sets 
 span processor). Not counted here: the HTTP send (the end-to-end benchmark counts
 everything). Plain vLLM's time on the same code paths is the denominator of the ratios. Two
 output lengths (``--tokens 16,256``) split the cost into per request and per streamed output.
-Fastest round of each: noise on a shared machine only ever adds.
+Every timer reads this thread's CPU time (``time.thread_time``), so that time spent descheduled
+on a shared machine is not counted; fastest round of each: the remaining noise only ever adds.
 
 Usage: python benchmarks/request_microbench.py [--requests 128] [--tokens 16,256] [--rounds 9]
 """
@@ -41,6 +42,9 @@ from otel_ttft.hooks import request
 from otel_ttft.hooks.registry import Hook, HookSet
 from otel_ttft.hooks.request import api as request_api
 from otel_ttft.tiny_model import ensure_tiny_model
+
+# This thread's CPU time, not wall time: on a shared machine, time spent descheduled is not ours.
+_clock = time.thread_time
 
 
 class _Collect(SpanExporter):
@@ -75,12 +79,12 @@ def encode_round(provider: TracerProvider) -> tuple[float, float, int, int]:
     span_s = metric_s = float("inf")
     size = 0
     for _ in range(3):  # deterministic work: the fastest of three drops the machine's noise
-        t0 = time.perf_counter()
+        t0 = _clock()
         size = len(encode_spans(spans).SerializeToString()) if spans else 0
-        t1 = time.perf_counter()
+        t1 = _clock()
         if data is not None:
             encode_metrics(data).SerializeToString()
-        span_s, metric_s = min(span_s, t1 - t0), min(metric_s, time.perf_counter() - t1)
+        span_s, metric_s = min(span_s, t1 - t0), min(metric_s, _clock() - t1)
     return span_s, metric_s, len(spans), size
 
 
@@ -149,18 +153,18 @@ def run_batch(fresh, n_requests: int, n_tokens: int, seed: int) -> Timing:
             data_parallel_rank=None, external_req_id=rid)
         queue = RequestOutputCollector(RequestOutputKind.DELTA, rid)
         queues.append(queue)
-        t0 = time.perf_counter()
+        t0 = _clock()
         processor.add_request(core_req, None, None, 0, queue)
-        t1 = time.perf_counter()
+        t1 = _clock()
         scheduler.add_request(Request.from_engine_core_request(core_req, None))
-        t2 = time.perf_counter()
+        t2 = _clock()
         timing.api_s += t1 - t0
         timing.engine_s += t2 - t1
     step = 0
     while scheduler.has_requests():
-        t0 = time.perf_counter()
+        t0 = _clock()
         out = scheduler.schedule()
-        t1 = time.perf_counter()
+        t1 = _clock()
         ids = list(out.num_scheduled_tokens)
         timing.request_steps += len(ids)
         reqs = scheduler.requests
@@ -169,23 +173,23 @@ def run_batch(fresh, n_requests: int, n_tokens: int, seed: int) -> Timing:
         runner_out = ModelRunnerOutput(req_ids=ids,
                                        req_id_to_index={r: k for k, r in enumerate(ids)},
                                        sampled_token_ids=sampled)
-        t2 = time.perf_counter()
+        t2 = _clock()
         engine_outputs = scheduler.update_from_output(out, runner_out)
-        t3 = time.perf_counter()
+        t3 = _clock()
         timing.engine_s += (t1 - t0) + (t3 - t2)
         for eco in engine_outputs.values():
-            t4 = time.perf_counter()
+            t4 = _clock()
             processor.process_outputs(eco.outputs, eco.timestamp, IterationStats())
-            timing.api_s += time.perf_counter() - t4
+            timing.api_s += _clock() - t4
         for q in queues:
             q.get_nowait()
         step += 1
     # Stand in for AsyncLLM.generate's end: the generate pass-through closes its records.
-    t0 = time.perf_counter()
+    t0 = _clock()
     for rec in list(request_api.live.values()):
         request_api.request_spans.emit_request(rec, time.monotonic())
     request_api.live.clear()
-    timing.close_s = time.perf_counter() - t0
+    timing.close_s = _clock() - t0
     timing.api_s += timing.close_s
     return timing
 
@@ -223,11 +227,11 @@ async def _passthrough(n_outputs: int, rounds: int) -> float:
     stand_in = _StandIn(outs)
 
     async def timed() -> float:
-        t0 = time.perf_counter()
+        t0 = _clock()
         for i in range(rounds):
             async for _ in stand_in.generate("p", params, f"s{i}"):
                 pass
-        return time.perf_counter() - t0
+        return _clock() - t0
 
     plain = []
     hooked = []
@@ -255,17 +259,17 @@ class Meter:
 
             def call(*a, **k):
                 nonlocal inner
-                t = time.perf_counter()
+                t = _clock()
                 try:
                     return wrapped(*a, **k)
                 finally:
-                    inner += time.perf_counter() - t
+                    inner += _clock() - t
 
-            t0 = time.perf_counter()
+            t0 = _clock()
             try:
                 return wrapper(call, instance, args, kwargs)
             finally:
-                self.own[side] = self.own.get(side, 0.0) + time.perf_counter() - t0 - inner
+                self.own[side] = self.own.get(side, 0.0) + _clock() - t0 - inner
                 self.calls[side] = self.calls.get(side, 0) + 1
 
         return replace(hook, wrapper=run, applied=False)
@@ -292,13 +296,13 @@ def _per_call_overhead() -> tuple[float, float]:
         for _ in range(n):
             timed()
         best_timer = min(best_timer, meter.own["x"] / n)
-        t0 = time.perf_counter()
+        t0 = _clock()
         for _ in range(n):
             plain_wrapped()
-        t1 = time.perf_counter()
+        t1 = _clock()
         for _ in range(n):
             noop()
-        best_wrapt = min(best_wrapt, ((t1 - t0) - (time.perf_counter() - t1)) / n)
+        best_wrapt = min(best_wrapt, ((t1 - t0) - (_clock() - t1)) / n)
     return best_timer, max(best_wrapt, 0.0)
 
 
