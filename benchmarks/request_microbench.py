@@ -167,7 +167,10 @@ def run_batch(fresh, n_requests: int, n_tokens: int, seed: int) -> Timing:
 
 async def _passthrough(n_outputs: int, traced: bool, rounds: int) -> float:
     """Seconds per request added by the generate pass-through (records emitted elsewhere)."""
+    from otel_ttft.hooks.registry import _pass_through
     from otel_ttft.hooks.request.state import Handle
+
+    (generate_hook,) = [h for h in request.HOOKS if h.name == "request.generate"]
 
     class Out:
         finished = False
@@ -184,8 +187,9 @@ async def _passthrough(n_outputs: int, traced: bool, rounds: int) -> float:
 
     t0 = time.perf_counter()
     for _ in range(rounds):
-        gen = (request_api._traced(inner(), Handle(None, None, "m", True)) if traced
-               else inner())
+        gen = (_pass_through(generate_hook, inner(),
+                             request_api.Generate(Handle(None, None, "m", True)))
+               if traced else inner())
         async for _ in gen:
             pass
     return (time.perf_counter() - t0) / rounds
