@@ -169,3 +169,11 @@ def test_instrument_takes_the_providers_and_uninstrument_lets_them_go(monkeypatc
     data = reader.get_metrics_data()
     assert _points(data, semconv.METRIC_SERVER_TTFT)
     assert config.current == config.Config()
+
+
+def test_readme_tables_every_setting():
+    from pathlib import Path
+
+    readme = (Path(config.__file__).parents[1] / "README.md").read_text()
+    listed = [v for k, v in vars(environment_variables).items() if k.startswith("OTEL_")]
+    assert [v for v in listed if f"| `{v}` |" not in readme] == []
