@@ -368,6 +368,10 @@ def test_blocked_admission_and_compile_inside_the_first_request(receiver, tiny_m
     prefill = next(p for p in parts if p["name"] == semconv.SPAN_REQUEST_PREFILL)
     assert all(prefill["start_ns"] <= c["start_ns"] <= c["end_ns"] <= prefill["end_ns"]
                for c in compiles)
+    # One wrapper on monitor_torch_compile: a compile inside a request step is shown once, in
+    # the request's tree, never as a worker span of its own (no parent: an orphan trace).
+    assert not [c for c in spans if c["name"] == semconv.SPAN_TORCH_COMPILE
+                and c["parent_span_id"] is None]
     later = [by_trace(spans, [c])[c.trace_id][0] for c in blocked]
     assert not any(semconv.ATTR_REQUEST_COMPILE_SECONDS in r["attributes"] for r in later)
 
