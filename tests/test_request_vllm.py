@@ -280,7 +280,7 @@ def test_concurrent_streams_tile_their_ttft(receiver, tiny_model, tmp_path):
 
 def test_vllm_tracing_on_one_request_span_and_ttft_agrees(receiver, tiny_model, tmp_path):
     """vLLM's own tracing on, through the vLLM plugin alone, content capture opted in: still one
-    request span per request, our TTFT within 2 ms of vLLM's own, the prompt exported."""
+    request span per request, vLLM's own TTFT inside our tile, the prompt exported."""
     model = str(tiny_model)
     env = {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "OTEL_BSP_SCHEDULE_DELAY": "200",
            OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT: "true"}
@@ -323,8 +323,12 @@ def test_vllm_tracing_on_one_request_span_and_ttft_agrees(receiver, tiny_model, 
         attrs = req["attributes"]
         assert req["parent_span_id"] == call.parent_span_id
         assert_tiles_ttft(spans, req)
+        # vLLM's TTFT ends when the API process took the first token, ours when its chunk was
+        # written to the client: the difference lies inside our "Frontend output" segment (a
+        # fixed bound in ms would only measure how busy the machine was).
         ours, vllms = attrs[semconv.ATTR_REQUEST_TTFT], attrs[semconv.VLLM_LATENCY_TTFT]
-        assert abs(ours - vllms) <= 0.002, (ours, vllms)
+        output_s = stage_ns(spans, req, semconv.SPAN_REQUEST_OUTPUT) / 1e9
+        assert -0.001 <= ours - vllms <= output_s + 0.001, (ours, vllms, output_s)
         assert attrs["gen_ai.latency.time_in_queue"] >= 0  # vLLM's own attributes, carried over
         # Opted in: the prompt and the output text are exported.
         (message,) = json.loads(attrs[semconv.GEN_AI_INPUT_MESSAGES])
