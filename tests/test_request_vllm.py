@@ -280,7 +280,7 @@ def test_concurrent_streams_tile_their_ttft(receiver, tiny_model, tmp_path):
 
 def test_vllm_tracing_on_one_request_span_and_ttft_agrees(receiver, tiny_model, tmp_path):
     """vLLM's own tracing on, through the vLLM plugin alone, content capture opted in: still one
-    request span per request, our TTFT within 2 ms of vLLM's own, the prompt exported."""
+    request span per request, vLLM's own TTFT inside our tile, the prompt exported."""
     model = str(tiny_model)
     env = {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "OTEL_BSP_SCHEDULE_DELAY": "200",
            OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT: "true"}
@@ -323,8 +323,12 @@ def test_vllm_tracing_on_one_request_span_and_ttft_agrees(receiver, tiny_model, 
         attrs = req["attributes"]
         assert req["parent_span_id"] == call.parent_span_id
         assert_tiles_ttft(spans, req)
+        # vLLM's TTFT ends when the API process took the first token, ours when its chunk was
+        # written to the client: the difference lies inside our "Frontend output" segment (a
+        # fixed bound in ms would only measure how busy the machine was).
         ours, vllms = attrs[semconv.ATTR_REQUEST_TTFT], attrs[semconv.VLLM_LATENCY_TTFT]
-        assert abs(ours - vllms) <= 0.002, (ours, vllms)
+        output_s = stage_ns(spans, req, semconv.SPAN_REQUEST_OUTPUT) / 1e9
+        assert -0.001 <= ours - vllms <= output_s + 0.001, (ours, vllms, output_s)
         assert attrs["gen_ai.latency.time_in_queue"] >= 0  # vLLM's own attributes, carried over
         # Opted in: the prompt and the output text are exported.
         (message,) = json.loads(attrs[semconv.GEN_AI_INPUT_MESSAGES])
@@ -368,6 +372,10 @@ def test_blocked_admission_and_compile_inside_the_first_request(receiver, tiny_m
     prefill = next(p for p in parts if p["name"] == semconv.SPAN_REQUEST_PREFILL)
     assert all(prefill["start_ns"] <= c["start_ns"] <= c["end_ns"] <= prefill["end_ns"]
                for c in compiles)
+    # One wrapper on monitor_torch_compile: a compile inside a request step is shown once, in
+    # the request's tree, never as a worker span of its own (no parent: an orphan trace).
+    assert not [c for c in spans if c["name"] == semconv.SPAN_TORCH_COMPILE
+                and c["parent_span_id"] is None]
     later = [by_trace(spans, [c])[c.trace_id][0] for c in blocked]
     assert not any(semconv.ATTR_REQUEST_COMPILE_SECONDS in r["attributes"] for r in later)
 
