@@ -93,8 +93,9 @@ def test_ttft_and_stage_samples_carry_exemplars_and_genai_attributes(telemetry):
     stages = {p.attributes[semconv.ATTR_STAGE]: p
               for p in _points(data, semconv.METRIC_REQUEST_STAGE_DURATION)}
     assert set(stages) == {"queue", "prefill"}
-    assert all({e.trace_id for e in p.exemplars} == {span.get_span_context().trace_id}
-               for p in stages.values())
+    # Issue 9 (cost): only the TTFT sample offers an exemplar (a third of a record's cost); the
+    # TTFT's exemplar already leads to the request's trace.
+    assert all(not p.exemplars for p in stages.values())
 
 
 def test_no_content_by_default(telemetry):
