@@ -1,16 +1,23 @@
-"""Per-request cost of the request-path hooks, measured on vLLM's real classes in one process.
+"""Per-request cost of the request path, measured on vLLM's real classes in one process.
 
 A real ``Scheduler`` (EngineCore side) and a real ``OutputProcessor`` with the tiny model's
 tokenizer (API side) run a fixed batch of requests to completion, the model replaced by "sample
-one token per finished prefill". The same batch runs three ways, interleaved: plain vLLM; request
-hooks that capture but emit nothing; hooks plus spans and metrics. The difference in time spent
-inside each side (fastest round of each mode: noise on a shared machine only adds), divided by
-the number of requests (or of scheduled request-steps), is our cost. Spans and metrics go through
-an SDK provider with a discarding exporter (the export thread's protobuf encoding is not counted
-here; the end-to-end A/B benchmark counts everything). ``AsyncLLM.generate``'s pass-through is
-timed separately over a stand-in async generator.
+one token per finished prefill", with and without our hooks (interleaved rounds).
 
-Usage: python benchmarks/request_microbench.py [--requests 128] [--tokens 16] [--rounds 15]
+Our cost is measured directly, not as a difference of two noisy totals: each hook wrapper's own
+time (its time minus the vLLM call inside it, the timer's own cost subtracted and wrapt's
+dispatch per call added), the ``generate`` hook over a stand-in async generator (applied through
+the registry as in vLLM), and the OTLP encoding of everything the round produced
+(``encode_spans(...).SerializeToString()`` as the exporter does; one metrics export's encoding
+is reported on its own: it is paid once per export interval, 60 s by default, not per request).
+Spans and metrics go through SDK providers as ``opentelemetry-instrument`` sets them up (batch
+span processor). Not counted here: the HTTP send (the end-to-end benchmark counts
+everything). Plain vLLM's time on the same code paths is the denominator of the ratios. Two
+output lengths (``--tokens 16,256``) split the cost into per request and per streamed output.
+Every timer reads this thread's CPU time (``time.thread_time``), so that time spent descheduled
+on a shared machine is not counted; fastest round of each: the remaining noise only ever adds.
+
+Usage: python benchmarks/request_microbench.py [--requests 128] [--tokens 16,256] [--rounds 9]
 """
 
 from __future__ import annotations
@@ -20,49 +27,65 @@ import asyncio
 import gc
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from opentelemetry import metrics, trace
+from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import (
-    MetricExporter,
-    MetricExportResult,
-    PeriodicExportingMetricReader,
-)
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from otel_ttft.hooks import request, request_api
-from otel_ttft.hooks.registry import HookSet
+from otel_ttft.hooks import request
+from otel_ttft.hooks.registry import Hook, HookSet
+from otel_ttft.hooks.request import api as request_api
 from otel_ttft.tiny_model import ensure_tiny_model
 
+# This thread's CPU time, not wall time: on a shared machine, time spent descheduled is not ours.
+_clock = time.thread_time
 
-class _NullSpans(SpanExporter):
+
+class _Collect(SpanExporter):
+    """Keeps what the batch processor hands over, for encoding outside the timed request path."""
+
+    def __init__(self) -> None:
+        self.spans: list = []
+
     def export(self, spans):
+        self.spans.extend(spans)
         return SpanExportResult.SUCCESS
 
 
-class _NullMetrics(MetricExporter):
-    def __init__(self):
-        super().__init__()
-
-    def export(self, metrics_data, timeout_millis: float = 10_000, **kwargs):
-        return MetricExportResult.SUCCESS
-
-    def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        return True
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:
-        pass
+SPANS = _Collect()
+READER = InMemoryMetricReader()
 
 
-def install_providers() -> None:
+def install_providers() -> TracerProvider:
     provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(_NullSpans()))  # SDK defaults
+    provider.add_span_processor(BatchSpanProcessor(SPANS))  # SDK defaults
     trace.set_tracer_provider(provider)
-    reader = PeriodicExportingMetricReader(_NullMetrics(), export_interval_millis=1000)
-    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    metrics.set_meter_provider(MeterProvider(metric_readers=[READER]))
+    return provider
+
+
+def encode_round(provider: TracerProvider) -> tuple[float, float, int, int]:
+    """Seconds to OTLP-encode what this round exported: its spans, and one metrics collection
+    (a per-export cost, whatever the number of requests); how many spans and span bytes."""
+    provider.force_flush()
+    spans, SPANS.spans = SPANS.spans, []
+    data = READER.get_metrics_data()
+    span_s = metric_s = float("inf")
+    size = 0
+    for _ in range(3):  # deterministic work: the fastest of three drops the machine's noise
+        t0 = _clock()
+        size = len(encode_spans(spans).SerializeToString()) if spans else 0
+        t1 = _clock()
+        if data is not None:
+            encode_metrics(data).SerializeToString()
+        span_s, metric_s = min(span_s, t1 - t0), min(metric_s, _clock() - t1)
+    return span_s, metric_s, len(spans), size
 
 
 @dataclass
@@ -70,9 +93,15 @@ class Timing:
     engine_s: float = 0.0  # Scheduler.add_request + schedule + update_from_output
     api_s: float = 0.0  # OutputProcessor.add_request + process_outputs (+ our span building)
     request_steps: int = 0  # scheduled (request, step) pairs
+    close_s: float = 0.0  # records still open at the end, closed as generate's end would
+    encode_s: float = 0.0  # OTLP encoding of the round's spans and one metrics export
+    spans: int = 0
+    otlp_bytes: int = 0
 
 
-def build(model_dir: str):
+def build(model_dir: str, n_requests: int):
+    """All requests admitted at once (their prefills in the first steps), so that TTFT does not
+    grow with the output length and the detail policy sees the same requests at every length."""
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.tokenizers.registry import get_tokenizer
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -83,7 +112,7 @@ def build(model_dir: str):
     model_config = ModelConfig(model=model_dir, max_model_len=512, dtype="float32")
     cache_config = CacheConfig(block_size=32, enable_prefix_caching=False)
     cache_config.num_gpu_blocks = 4096
-    sched_config = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=2048,
+    sched_config = SchedulerConfig(max_num_seqs=n_requests, max_num_batched_tokens=4096,
                                    max_model_len=512, is_encoder_decoder=False)
     vllm_config = VllmConfig(model_config=model_config, cache_config=cache_config,
                              scheduler_config=sched_config)
@@ -124,18 +153,18 @@ def run_batch(fresh, n_requests: int, n_tokens: int, seed: int) -> Timing:
             data_parallel_rank=None, external_req_id=rid)
         queue = RequestOutputCollector(RequestOutputKind.DELTA, rid)
         queues.append(queue)
-        t0 = time.perf_counter()
+        t0 = _clock()
         processor.add_request(core_req, None, None, 0, queue)
-        t1 = time.perf_counter()
+        t1 = _clock()
         scheduler.add_request(Request.from_engine_core_request(core_req, None))
-        t2 = time.perf_counter()
+        t2 = _clock()
         timing.api_s += t1 - t0
         timing.engine_s += t2 - t1
     step = 0
     while scheduler.has_requests():
-        t0 = time.perf_counter()
+        t0 = _clock()
         out = scheduler.schedule()
-        t1 = time.perf_counter()
+        t1 = _clock()
         ids = list(out.num_scheduled_tokens)
         timing.request_steps += len(ids)
         reqs = scheduler.requests
@@ -144,106 +173,220 @@ def run_batch(fresh, n_requests: int, n_tokens: int, seed: int) -> Timing:
         runner_out = ModelRunnerOutput(req_ids=ids,
                                        req_id_to_index={r: k for k, r in enumerate(ids)},
                                        sampled_token_ids=sampled)
-        t2 = time.perf_counter()
+        t2 = _clock()
         engine_outputs = scheduler.update_from_output(out, runner_out)
-        t3 = time.perf_counter()
+        t3 = _clock()
         timing.engine_s += (t1 - t0) + (t3 - t2)
         for eco in engine_outputs.values():
-            t4 = time.perf_counter()
+            t4 = _clock()
             processor.process_outputs(eco.outputs, eco.timestamp, IterationStats())
-            timing.api_s += time.perf_counter() - t4
+            timing.api_s += _clock() - t4
         for q in queues:
             q.get_nowait()
         step += 1
     # Stand in for AsyncLLM.generate's end: the generate pass-through closes its records.
-    t0 = time.perf_counter()
+    t0 = _clock()
     for rec in list(request_api.live.values()):
-        request_api.request_emit.emit_request(rec, time.monotonic())
+        request_api.request_spans.emit_request(rec, time.monotonic())
     request_api.live.clear()
-    timing.api_s += time.perf_counter() - t0
+    timing.close_s = _clock() - t0
+    timing.api_s += timing.close_s
     return timing
 
 
-async def _passthrough(n_outputs: int, traced: bool, rounds: int) -> float:
-    """Seconds per request added by the generate pass-through (records emitted elsewhere)."""
-    from otel_ttft.hooks.request_record import Handle
+class _StandIn:
+    """Stands in for ``AsyncLLM``: ``generate`` yields ready outputs, so only the hook's
+    per-request and per-output work differs between the two timings."""
+
+    model_config = None
+
+    def __init__(self, outs: list) -> None:
+        self.outs = outs
+
+    async def generate(self, prompt, sampling_params, request_id, **kwargs):
+        for o in self.outs:
+            yield o
+
+
+async def _passthrough(n_outputs: int, rounds: int) -> float:
+    """Seconds per request added by the ``request.generate`` hook, applied through the registry
+    as in vLLM, to a stand-in generator (the records themselves are emitted elsewhere)."""
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+    class Choice:
+        index, text, finish_reason = 0, "x", None
 
     class Out:
         finished = False
+        outputs = [Choice()]
 
-    outs = [Out() for _ in range(n_outputs - 1)]
-    last = Out()
-    last.finished = True
-    last.outputs = []
-    outs.append(last)
+    outs = [Out() for _ in range(n_outputs)]
+    outs[-1] = type("Last", (Out,), {"finished": True})()
+    params = SamplingParams(max_tokens=n_outputs, output_kind=RequestOutputKind.DELTA)
+    hook = next(h for h in request.HOOKS if h.name == "request.generate")
+    stand_in = _StandIn(outs)
 
-    async def inner():
-        for o in outs:
-            yield o
+    async def timed() -> float:
+        t0 = _clock()
+        for i in range(rounds):
+            async for _ in stand_in.generate("p", params, f"s{i}"):
+                pass
+        return _clock() - t0
 
-    t0 = time.perf_counter()
-    for _ in range(rounds):
-        gen = (request_api._traced(inner(), Handle(None, None, "m", True)) if traced
-               else inner())
-        async for _ in gen:
-            pass
-    return (time.perf_counter() - t0) / rounds
+    plain = []
+    hooked = []
+    for _ in range(3):
+        plain.append(await timed())
+        hooks = HookSet([replace(hook, target=f"{__name__}:_StandIn.generate", applied=False)])
+        hooks.apply()
+        hooked.append(await timed())
+        hooks.remove()
+    return (min(hooked) - min(plain)) / rounds
+
+
+class Meter:
+    """Own time of the hook wrappers (their time minus the vLLM call inside), per process side."""
+
+    def __init__(self) -> None:
+        self.own: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+
+    def timed(self, hook: Hook) -> Hook:
+        wrapper, side = hook.wrapper, hook.process
+
+        def run(wrapped, instance, args, kwargs):
+            inner = 0.0
+
+            def call(*a, **k):
+                nonlocal inner
+                t = _clock()
+                try:
+                    return wrapped(*a, **k)
+                finally:
+                    inner += _clock() - t
+
+            t0 = _clock()
+            try:
+                return wrapper(call, instance, args, kwargs)
+            finally:
+                self.own[side] = self.own.get(side, 0.0) + _clock() - t0 - inner
+                self.calls[side] = self.calls.get(side, 0) + 1
+
+        return replace(hook, wrapper=run, applied=False)
+
+
+def _per_call_overhead() -> tuple[float, float]:
+    """The timer's own cost per timed call (subtracted), and wrapt's dispatch per call (added:
+    a wrapped method costs that much more even when the wrapper does nothing)."""
+    import wrapt
+
+    def noop(*a, **k):
+        return None
+
+    def through(wrapped, instance, args, kwargs):
+        return wrapped(*args, **kwargs)
+
+    meter = Meter()
+    timed = wrapt.FunctionWrapper(noop, meter.timed(Hook("t", "m:f", through, process="x")).wrapper)
+    plain_wrapped = wrapt.FunctionWrapper(noop, through)
+    n = 20000
+    best_timer, best_wrapt = float("inf"), float("inf")
+    for _ in range(5):
+        meter.own.clear()
+        for _ in range(n):
+            timed()
+        best_timer = min(best_timer, meter.own["x"] / n)
+        t0 = _clock()
+        for _ in range(n):
+            plain_wrapped()
+        t1 = _clock()
+        for _ in range(n):
+            noop()
+        best_wrapt = min(best_wrapt, ((t1 - t0) - (_clock() - t1)) / n)
+    return best_timer, max(best_wrapt, 0.0)
+
+
+def measure(fresh, provider: TracerProvider, n: int, tokens: int, rounds: int) -> dict:
+    """Our own time, measured directly (hook wrappers minus the vLLM calls inside them, the
+    ``generate`` hook over a stand-in, OTLP encoding of what was produced), next to plain vLLM's
+    time on the same code paths (runs without hooks, interleaved)."""
+    timer_s, wrapt_s = _per_call_overhead()
+    plain: list[Timing] = []
+    ours: list[dict] = []
+    for r in range(rounds):
+        meter = Meter()
+        hooks = HookSet([meter.timed(h) for h in request.HOOKS if h.name != "request.generate"])
+        for mode in (("plain", "full") if r % 2 == 0 else ("full", "plain")):
+            if mode == "full":
+                hooks.apply()
+            encode_round(provider)  # start from an empty batch
+            gc.collect()
+            timing = run_batch(fresh, n, tokens, seed=10 + r)
+            if mode == "plain":
+                plain.append(timing)
+                continue
+            hooks.remove()
+            encode_s, metrics_s, spans, size = encode_round(provider)
+            cost = {side: meter.own.get(side, 0.0) + meter.calls.get(side, 0) * (wrapt_s - timer_s)
+                    for side in ("api_server", "engine_core")}
+            ours.append({"api_s": cost["api_server"] + timing.close_s,
+                         "engine_s": cost["engine_core"], "encode_s": encode_s,
+                         "metrics_s": metrics_s,
+                         "spans": spans, "bytes": size,
+                         "steps": timing.request_steps})
+    pt = asyncio.run(_passthrough(tokens, 2000))
+
+    def best(rows, key):
+        """Fastest round: the noise on a shared 2-core machine only ever adds time."""
+        return min(row[key] if isinstance(row, dict) else getattr(row, key) for row in rows)
+
+    api, enc, eng = best(ours, "api_s") / n, best(ours, "encode_s") / n, best(ours, "engine_s")
+    plain_api, plain_eng = best(plain, "api_s") / n, best(plain, "engine_s") / n
+    all_in = api + pt + enc
+    return {
+        "output_tokens": tokens,
+        "api_us_per_request_hooks_spans_metrics": api * 1e6,
+        "api_us_per_request_generate_hook": pt * 1e6,
+        "api_us_per_request_otlp_span_encoding": enc * 1e6,
+        "api_us_per_metrics_export_encoding": best(ours, "metrics_s") * 1e6,
+        "api_us_per_request_all_in": all_in * 1e6,
+        "api_us_per_request_plain_vllm": plain_api * 1e6,
+        "api_ratio_all_in": (plain_api + all_in) / plain_api,
+        "spans_per_request": ours[-1]["spans"] / n,
+        "otlp_bytes_per_request": ours[-1]["bytes"] / n,
+        "engine_us_per_request": eng / n * 1e6,
+        "engine_us_per_scheduled_request_step": eng / ours[-1]["steps"] * 1e6,
+        "engine_us_per_request_plain_vllm": plain_eng * 1e6,
+        "engine_ratio": (plain_eng + eng / n) / plain_eng,
+        "wrapt_dispatch_us_per_call": wrapt_s * 1e6,
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=128)
-    ap.add_argument("--tokens", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--tokens", default="16,256", help="output lengths, comma-separated")
+    ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
 
-    install_providers()
-    fresh = build(str(ensure_tiny_model()))
+    provider = install_providers()
+    fresh = build(str(ensure_tiny_model()), args.requests)
     hooks = HookSet(list(request.HOOKS))
-    run_batch(fresh, args.requests, args.tokens, seed=0)  # warm both paths' caches
+    run_batch(fresh, args.requests, 16, seed=0)  # warm both paths' caches
     hooks.apply()
-    run_batch(fresh, args.requests, args.tokens, seed=1)
+    run_batch(fresh, args.requests, 16, seed=1)
     hooks.remove()
-
-    # plain vLLM / hooks that capture but emit nothing / hooks + spans + metrics
-    runs: dict[str, list[Timing]] = {"plain": [], "capture": [], "full": []}
-    emit = request_api.request_emit.emit_request
-    for r in range(args.rounds):
-        order = ["plain", "capture", "full"]
-        for mode in (order if r % 2 == 0 else order[::-1]):
-            if mode != "plain":
-                hooks.apply()
-            if mode == "capture":
-                request_api.request_emit.emit_request = lambda rec, now: None
-            gc.collect()
-            runs[mode].append(run_batch(fresh, args.requests, args.tokens, seed=10 + r))
-            request_api.request_emit.emit_request = emit
-            if mode != "plain":
-                hooks.remove()
-
-    def med(mode: str, field: str) -> float:
-        """Fastest round: the noise on a shared 2-core machine only ever adds time."""
-        return min(getattr(t, field) for t in runs[mode])
-
-    n = args.requests
-    api_us = med("full", "api_s") - med("plain", "api_s")
-    capture_us = med("capture", "api_s") - med("plain", "api_s")
-    eng_us = med("full", "engine_s") - med("plain", "engine_s")
-    steps = med("full", "request_steps")
-    pt = asyncio.run(_passthrough(args.tokens, True, 2000)) - \
-        asyncio.run(_passthrough(args.tokens, False, 2000))
-    figures = {
-        "requests": n, "output_tokens": args.tokens, "rounds": args.rounds,
-        "api_us_per_request_capture": capture_us / n * 1e6 + pt * 1e6,
-        "api_us_per_request_spans_and_metrics": (api_us - capture_us) / n * 1e6,
-        "api_us_per_request_total": api_us / n * 1e6 + pt * 1e6,
-        "api_us_per_request_generate_passthrough": pt * 1e6,
-        "api_us_per_request_plain_vllm": med("plain", "api_s") / n * 1e6,
-        "engine_us_per_request": eng_us / n * 1e6,
-        "engine_us_per_scheduled_request_step": eng_us / steps * 1e6,
-        "engine_us_per_request_plain_vllm": med("plain", "engine_s") / n * 1e6,
-    }
+    lengths = [int(t) for t in args.tokens.split(",")]
+    results = [measure(fresh, provider, args.requests, t, args.rounds) for t in lengths]
+    figures: dict = {"requests": args.requests, "rounds": args.rounds, "by_length": results}
+    if len(results) >= 2:  # all-in = per request + per output x output tokens
+        a, b = results[0], results[-1]
+        per_out = ((b["api_us_per_request_all_in"] - a["api_us_per_request_all_in"])
+                   / (b["output_tokens"] - a["output_tokens"]))
+        figures["api_us_per_streamed_output"] = per_out
+        figures["api_us_per_request_fixed"] = (a["api_us_per_request_all_in"]
+                                               - per_out * a["output_tokens"])
     print(json.dumps(figures, indent=2))
     if args.json:
         with open(args.json, "w") as f:

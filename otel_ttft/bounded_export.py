@@ -28,7 +28,7 @@ from typing import Any
 
 from opentelemetry import metrics, trace
 
-from otel_ttft import semconv
+from otel_ttft import environment_variables, semconv
 from otel_ttft.version import __version__
 
 logger = logging.getLogger("otel_ttft")
@@ -45,11 +45,11 @@ _exited = False
 
 
 def exit_timeout_s() -> float:
-    raw = os.environ.get(semconv.ENV_EXIT_TIMEOUT_MS, "")
+    raw = os.environ.get(environment_variables.OTEL_TTFT_EXIT_TIMEOUT_MS, "")
     try:
-        ms = float(raw) if raw.strip() else semconv.DEFAULT_EXIT_TIMEOUT_MS
+        ms = float(raw) if raw.strip() else environment_variables.DEFAULT_EXIT_TIMEOUT_MS
     except ValueError:
-        ms = semconv.DEFAULT_EXIT_TIMEOUT_MS
+        ms = environment_variables.DEFAULT_EXIT_TIMEOUT_MS
     return max(ms, 0.0) / 1000
 
 

@@ -54,3 +54,8 @@ def uninstall() -> None:
     if _originals is not None:
         RandomIdGenerator.generate_span_id, RandomIdGenerator.generate_trace_id = _originals
         _originals = None
+
+
+def new_span_id() -> int:
+    """A span id from the private generator (child spans we build as finished ``ReadableSpan``)."""
+    return _private.getrandbits(64) or 1

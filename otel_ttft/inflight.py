@@ -33,7 +33,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
 
-from otel_ttft import clock, semconv, spans
+from otel_ttft import clock, environment_variables, semconv, spans
 from otel_ttft.version import __version__
 
 logger = logging.getLogger("otel_ttft")
@@ -43,7 +43,7 @@ logger = logging.getLogger("otel_ttft")
 ACTIVATION_SPAN_NAMES = frozenset({
     *semconv.VLLM_SPAN_STAGES, semconv.SPAN_ACTIVATION, semconv.SPAN_FRONTEND_SETUP,
     semconv.SPAN_ENGINE_CONFIG, semconv.SPAN_ENGINE_CLIENT, semconv.SPAN_SHARD_READ,
-    semconv.SPAN_PROCESS_WEIGHTS, semconv.SPAN_H2D, semconv.SPAN_DEVICE_INIT,
+    semconv.SPAN_PROCESS_WEIGHTS, semconv.SPAN_DEVICE_INIT,
     semconv.SPAN_PROFILE_RUN, semconv.SPAN_TORCH_COMPILE, semconv.SPAN_SLEEP,
     semconv.SPAN_WAKE_UP, semconv.SPAN_ADAPTER_LOAD,
 })
@@ -231,13 +231,14 @@ def _register_gauge() -> None:
 
 # --- snapshots on a deadline ---
 def snapshot_after_s() -> float:
-    raw = os.environ.get(semconv.ENV_SNAPSHOT_AFTER_S, "")
+    raw = os.environ.get(environment_variables.OTEL_TTFT_SNAPSHOT_AFTER_S, "")
     try:
-        value = float(raw) if raw.strip() else semconv.DEFAULT_SNAPSHOT_AFTER_S
+        value = float(raw) if raw.strip() else environment_variables.DEFAULT_SNAPSHOT_AFTER_S
     except ValueError:
-        logger.warning("otel-ttft: %s=%r is not a number; using %s", semconv.ENV_SNAPSHOT_AFTER_S,
-                       raw, semconv.DEFAULT_SNAPSHOT_AFTER_S)
-        value = semconv.DEFAULT_SNAPSHOT_AFTER_S
+        logger.warning("otel-ttft: %s=%r is not a number; using %s",
+                       environment_variables.OTEL_TTFT_SNAPSHOT_AFTER_S, raw,
+                       environment_variables.DEFAULT_SNAPSHOT_AFTER_S)
+        value = environment_variables.DEFAULT_SNAPSHOT_AFTER_S
     return max(value, 0.0)
 
 

@@ -4,25 +4,19 @@ vLLM process (spawned children re-run its sitecustomize; forked ones inherit the
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Collection
 from typing import Any
 
 from opentelemetry.instrumentation.dependencies import DependencyConflict, get_dependency_conflicts
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
-from otel_ttft import ids, semconv
+from otel_ttft import config, ids, metrics, spans
 from otel_ttft.hooks import all_hooks
 from otel_ttft.hooks.registry import HookSet
 from otel_ttft.package import _instruments_any
 from otel_ttft.vllm_version import SUPPORTED, installed_vllm
 
 logger = logging.getLogger("otel_ttft")
-
-
-def disabled_hook_names() -> set[str]:
-    raw = os.environ.get(semconv.ENV_DISABLED_HOOKS, "")
-    return {name.strip() for name in raw.split(",") if name.strip()}
 
 
 class VllmTTFTInstrumentor(BaseInstrumentor):
@@ -39,9 +33,18 @@ class VllmTTFTInstrumentor(BaseInstrumentor):
         return get_dependency_conflicts((), _instruments_any)
 
     def _instrument(self, **kwargs: Any) -> None:
+        """``tracer_provider`` / ``meter_provider`` as in every contrib instrumentor (default: the
+        global ones); the ``OTEL_*`` settings (``environment_variables``) are read here, once."""
+        from otel_ttft.hooks.request import metrics as request_metrics
+
+        cfg = config.Config.from_env(**kwargs)
+        config.configure(cfg)
+        spans.use_tracer_provider(cfg.tracer_provider)
+        metrics.reset()
+        request_metrics.reset()
         ids.install()
         self._hooks = HookSet(all_hooks())
-        self._hooks.apply(disabled=disabled_hook_names())
+        self._hooks.apply(disabled=cfg.disabled_hooks)
 
     def _uninstrument(self, **kwargs: Any) -> None:
         if self._hooks is not None:
@@ -51,6 +54,8 @@ class VllmTTFTInstrumentor(BaseInstrumentor):
             remove_signal_chain()
             self._hooks = None
         ids.uninstall()
+        config.configure(config.Config())
+        spans.use_tracer_provider(None)
 
 
 def instrument_once() -> VllmTTFTInstrumentor:

@@ -1,5 +1,6 @@
-"""OTel instruments. Created lazily against the global meter provider, with explicit buckets far
-above 10 s (a cold start of a large model takes minutes; SDK defaults stop at 10 s).
+"""OTel instruments. Created lazily against the configured (else the global) meter provider, with
+explicit buckets far above 10 s (a cold start of a large model takes minutes; SDK defaults stop at
+10 s).
 
 Activations are rare (one an hour or a day), so besides the histogram each stage's duration in the
 process's latest activation is a gauge read at export time: an alert compares that value with the
@@ -14,13 +15,19 @@ from typing import Any
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from otel_ttft import semconv, spans
+from otel_ttft import config, semconv, spans
 from otel_ttft.version import __version__
+
+
+def reset() -> None:
+    """Instruments are made again from the next sample on (``instrument()`` with a provider)."""
+    _instruments.cache_clear()
 
 
 @cache
 def _instruments() -> dict[str, Any]:
-    meter = metrics.get_meter("otel_ttft", __version__)
+    meter = metrics.get_meter("otel_ttft", __version__,
+                              meter_provider=config.current.meter_provider)
     return {
         "activation": meter.create_histogram(
             semconv.METRIC_ACTIVATION_STAGE_DURATION, unit="s",

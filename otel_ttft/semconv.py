@@ -65,11 +65,9 @@ SPAN_ENGINE_CONFIG = "Create engine config"
 SPAN_ENGINE_CLIENT = "Engine client init"
 SPAN_SHARD_READ = "Read checkpoint shard"
 SPAN_PROCESS_WEIGHTS = "Process weights after loading"
-SPAN_H2D = "Host-to-device copy"
 SPAN_DEVICE_INIT = "Init device"  # same name vLLM uses on GPU; opened by us where vLLM has none
 SPAN_PROFILE_RUN = "Profile run"
 SPAN_TORCH_COMPILE = "torch.compile"
-SPAN_GRAPH_CAPTURE = "Capture model"  # vLLM's name; we enrich it
 SPAN_KV_ALLOC = "Allocate KV cache"  # vLLM's name; we enrich it
 SPAN_SLEEP = "Sleep"
 SPAN_WAKE_UP = "Wake up"
@@ -110,7 +108,6 @@ ATTR_ACTIVATION_KIND = "ttft.activation.kind"  # start | wake | adapter
 ATTR_ACTIVATION_READY = "ttft.activation.ready"  # bool: the server reached ready
 ATTR_HOOK_ERROR = "ttft.hook.error"
 GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
-GEN_AI_SYSTEM = "gen_ai.system"
 PROCESS_PID = "process.pid"
 
 # checkpoint reads
@@ -163,8 +160,6 @@ ACTIVATION_DURATION_BUCKETS_S = (
 THROUGHPUT_BUCKETS_GB_PER_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
 
 # --- environment ---------------------------------------------------------------------------------
-ENV_CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
-ENV_DISABLED_HOOKS = "OTEL_TTFT_DISABLED_HOOKS"  # comma-separated hook names
 
 # --- request path ---
 # One span per request in the API process, named like vLLM's own: when vLLM's tracing is on, its
@@ -180,7 +175,6 @@ ATTR_EVENT_BEFORE_FIRST_TOKEN = "ttft.request.before_first_token"  # on EVENT_RE
 
 # GenAI semantic conventions
 GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
-GEN_AI_RESPONSE_ID = "gen_ai.response.id"
 GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
 GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
@@ -193,7 +187,7 @@ GEN_AI_REQUEST_FREQUENCY_PENALTY = "gen_ai.request.frequency_penalty"
 GEN_AI_REQUEST_PRESENCE_PENALTY = "gen_ai.request.presence_penalty"
 GEN_AI_REQUEST_SEED = "gen_ai.request.seed"
 GEN_AI_REQUEST_CHOICE_COUNT = "gen_ai.request.choice.count"
-GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"  # opt-in only (ENV_CAPTURE_CONTENT)
+GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"  # opt-in only (capture content)
 GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"  # opt-in only
 # vLLM's own llm_request attributes, carried over when its tracing is on
 VLLM_REQUEST_ID = "gen_ai.request.id"
@@ -230,8 +224,6 @@ TTFT_BUCKETS_S = (
     60, 120, 300, 600, 1200,
 )
 
-ENV_COLD_REQUESTS = "OTEL_TTFT_COLD_REQUESTS"
-DEFAULT_COLD_REQUESTS = 3
 # EngineCore -> API: our per-request counts ride on the first EngineCoreOutput's trace_headers
 ENGINE_PAYLOAD_HEADER = "x-otel-ttft"
 
@@ -312,10 +304,6 @@ ATTR_TELEMETRY_DROP_REASON = "ttft.telemetry.drop_reason"  # queue_full|export_f
 DROP_QUEUE_FULL = "queue_full"
 DROP_EXPORT_FAILED = "export_failed"
 DROP_EXIT_DEADLINE = "exit_deadline"
-ENV_EXIT_TIMEOUT_MS = "OTEL_TTFT_EXIT_TIMEOUT_MS"  # final flush deadline per process
-DEFAULT_EXIT_TIMEOUT_MS = 500
-ENV_SNAPSHOT_AFTER_S = "OTEL_TTFT_SNAPSHOT_AFTER_S"  # export open spans after this long; 0: off
-DEFAULT_SNAPSHOT_AFTER_S = 60.0
 
 
 # --- issue 10: every load format's shard reads, storage evidence, the rest of "Load model" ------
@@ -332,3 +320,31 @@ ATTR_CHECKPOINT_BYTES = "ttft.load.checkpoint.bytes"  # on disk, all files of th
 ATTR_FS_REMOTE = "ttft.load.fs.remote"  # network or FUSE file system
 ATTR_BLOCK_DEVICE = "ttft.load.block_device"  # e.g. nvme0n1, where /sys shows it
 ATTR_BLOCK_ROTATIONAL = "ttft.load.block_device.rotational"
+
+# --- issue 9: request path shape ------------------------------------------------------------------
+# GenAI conventions on request spans and on the TTFT and stage metrics (gen_ai.operation.name is
+# above: chat, or text_completion for /v1/completions and offline generate).
+GEN_AI_OPERATION_TEXT_COMPLETION = "text_completion"
+GEN_AI_PROVIDER_NAME = "gen_ai.provider.name"
+GEN_AI_PROVIDER_VLLM = "vllm"
+# The engine rejected the request on arrival (vLLM >= 0.33 EngineCoreOutput.error): nothing ran.
+ATTR_REQUEST_REJECTED = "ttft.request.rejected"
+
+# --- issue 9 (cost): the request-detail policy ---------------------------------------------------
+# Every llm_request carries its TTFT stages as durations (s); its stage child spans are built only
+# for the requests that need explaining (cold, slow, the model's tail, errors, a sampled share).
+ATTR_REQUEST_STAGE_FRONTEND_SECONDS = "ttft.request.stage.frontend.seconds"  # input + output
+ATTR_REQUEST_STAGE_QUEUE_SECONDS = "ttft.request.stage.queue.seconds"
+ATTR_REQUEST_STAGE_PREFILL_SECONDS = "ttft.request.stage.prefill.seconds"
+ATTR_REQUEST_STAGE_FIRST_DECODE_SECONDS = "ttft.request.stage.first_decode.seconds"  # not TTFT
+REQUEST_STAGE_SECONDS = {
+    STAGE_FRONTEND: ATTR_REQUEST_STAGE_FRONTEND_SECONDS,
+    STAGE_QUEUE: ATTR_REQUEST_STAGE_QUEUE_SECONDS,
+    STAGE_PREFILL: ATTR_REQUEST_STAGE_PREFILL_SECONDS,
+    STAGE_FIRST_DECODE: ATTR_REQUEST_STAGE_FIRST_DECODE_SECONDS,
+}
+ATTR_REQUEST_DETAIL = "ttft.request.detail"  # why the children were built; absent: they were not
+DETAIL_ALL, DETAIL_COLD, DETAIL_SLOW, DETAIL_TAIL, DETAIL_ERROR, DETAIL_SAMPLED = (
+    "all", "cold", "slow", "tail", "error", "sampled")
+DETAIL_AUTO, DETAIL_NONE = "auto", "none"  # OTEL_TTFT_REQUEST_DETAIL's other values
+REQUEST_DETAIL_TAIL_QUANTILE = 0.95  # per model, over its latest 256 requests

@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from otel_ttft import clock, semconv
+from otel_ttft import clock, config, semconv
 from otel_ttft.version import __version__
 
 logger = logging.getLogger("otel_ttft")
@@ -35,9 +35,17 @@ def tracer() -> trace.Tracer:
     return _tracer
 
 
+def use_tracer_provider(provider: trace.TracerProvider | None) -> None:
+    """``instrument(tracer_provider=...)``: our spans go there; ``None``: the global provider."""
+    global _tracer
+    _tracer = trace.get_tracer("otel_ttft", __version__, tracer_provider=provider)
+
+
 def provider_ready() -> bool:
-    """True once somebody (opentelemetry-instrument, vLLM) installed a real provider."""
-    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    """True once a provider was given to ``instrument()`` or installed globally
+    (opentelemetry-instrument, vLLM)."""
+    return (config.current.tracer_provider is not None
+            or not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider))
 
 
 class StageTagger(SpanProcessor):

@@ -26,13 +26,15 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from otel_ttft import environment_variables
+
 MODEL_NAME = "tiny-llama-v1"  # bump when anything below changes: the cache is keyed by this name
 MODEL_B_NAME = "tiny-qwen2-v1"  # the same rule for model B
 LORA_NAME = "tiny-llama-v1-lora-v1"  # directory holding the adapters for model A
 LORA_ADAPTERS = ("lora-a", "lora-b")
 LORA_RANK = 4
 MARKER = ".complete"  # written last; a directory without it is never used
-ENV_CACHE = "OTEL_TTFT_CACHE"
+ENV_CACHE = environment_variables.OTEL_TTFT_CACHE
 SEED = 0
 
 VOCAB_SIZE = 2048

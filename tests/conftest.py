@@ -10,8 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from otel_ttft import environment_variables as env
+from otel_ttft import semconv
 from otel_ttft.sink.receiver import OTLPReceiver
 from otel_ttft.sink.store import SpanStore
+
+# Tests look at every request's stage children; the default policy (children only for cold, slow,
+# tail, failed and sampled requests) has its own tests (test_request_detail). Run a file with
+# OTEL_TTFT_REQUEST_DETAIL=auto to check it under the default instead.
+os.environ.setdefault(env.OTEL_TTFT_REQUEST_DETAIL, semconv.DETAIL_ALL)
 
 
 @functools.cache

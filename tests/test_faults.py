@@ -18,7 +18,7 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 
-from otel_ttft import inflight, semconv, spans
+from otel_ttft import environment_variables, inflight, semconv, spans
 from otel_ttft.analysis.traces import build_trees
 from otel_ttft.collector_faults import SilentCollector
 from otel_ttft.hooks import fault
@@ -203,10 +203,10 @@ def _as_dict(span) -> dict:
 
 
 def test_snapshot_deadline_setting_is_read_with_a_fallback(monkeypatch):
-    monkeypatch.setenv(semconv.ENV_SNAPSHOT_AFTER_S, "2.5")
+    monkeypatch.setenv(environment_variables.OTEL_TTFT_SNAPSHOT_AFTER_S, "2.5")
     assert inflight.snapshot_after_s() == 2.5
-    monkeypatch.setenv(semconv.ENV_SNAPSHOT_AFTER_S, "soon")
-    assert inflight.snapshot_after_s() == semconv.DEFAULT_SNAPSHOT_AFTER_S
+    monkeypatch.setenv(environment_variables.OTEL_TTFT_SNAPSHOT_AFTER_S, "soon")
+    assert inflight.snapshot_after_s() == environment_variables.DEFAULT_SNAPSHOT_AFTER_S
     assert json.dumps(inflight.snapshot_after_s())
 
 

@@ -98,6 +98,13 @@ class _Executor:
         return True
 
 
+class _Scheduler:
+    """Only for vLLM >= 0.33, whose ``wake_up`` asks the scheduler for a KV connector."""
+
+    def get_kv_connector(self):
+        return None
+
+
 def test_sleep_and_wake_up_around_the_real_engine_core_methods(exporter, hooks):
     hooks(*[h for h in activation.HOOKS if h.name in ("switch.engine_sleep",
                                                       "switch.engine_wake_up")])
@@ -105,6 +112,7 @@ def test_sleep_and_wake_up_around_the_real_engine_core_methods(exporter, hooks):
 
     engine = EngineCore.__new__(EngineCore)  # its __init__ loads a model; the methods do not
     engine.model_executor = _Executor()
+    engine.scheduler = _Scheduler()
     engine.pause_scheduler = lambda mode, clear_cache: None
     engine.resume_scheduler = lambda: None
     EngineCore.sleep(engine, 1)

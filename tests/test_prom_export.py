@@ -107,7 +107,8 @@ provider = MeterProvider(metric_readers=[reader], resource=resource)
 metrics.set_meter_provider(provider)
 trace.set_tracer_provider(TracerProvider(resource=resource))
 
-from otel_ttft import metrics as m, metrics_request as mr
+from otel_ttft import metrics as m
+from otel_ttft.hooks.request import metrics as mr
 
 m.record_activation_stage("warmup.compile", 2.5, "tiny", 1, cache_hit=True)
 m.record_activation_stage("warmup.compile", 4.0, "tiny", 1, cache_hit=False)

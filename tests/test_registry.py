@@ -127,3 +127,190 @@ def test_resolve_rejects_inherited_methods(fake_pkg, tmp_path):
     ok, detail = resolve(Hook("t.sub", f"{fake_pkg}_sub:Sub.load", _tracking([])))
     assert not ok and "inherited" in detail
     sys.modules.pop(f"{fake_pkg}_sub", None)
+
+
+# --- the one failure rule, on each wrapper kind ---------------------------------------------------
+
+@pytest.fixture
+def kinds_pkg(tmp_path, monkeypatch):
+    """A not-yet-imported module with a sync function, a coroutine function and an async
+    generator function, as vLLM has (``process_outputs``, ``AsyncLLM.sleep``, ``generate``)."""
+    name = f"fake_kinds_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent("""
+        def step(x):
+            return x + 1
+
+        async def sleep(x):
+            return x * 2
+
+        async def generate(n, fail_at=None):
+            for i in range(n):
+                if i == fail_at:
+                    raise ValueError("vllm's own error")
+                yield i
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name
+    sys.modules.pop(name, None)
+
+
+def _apply(*hooks):
+    hook_set = HookSet(list(hooks))
+    hook_set.apply()
+    return hook_set
+
+
+def test_sync_hook_that_fails_is_bypassed_on_every_later_call(kinds_pkg, caplog):
+    calls = []
+
+    def broken(call, instance, args, kwargs):
+        calls.append(args)
+        result = call(*args, **kwargs)
+        raise RuntimeError("our bookkeeping")
+        return result
+
+    hook = Hook("t.sync", f"{kinds_pkg}:step", broken)
+    hooks = _apply(hook)
+    mod = __import__(kinds_pkg)
+    with caplog.at_level(logging.WARNING, logger="otel_ttft"):
+        assert [mod.step(i) for i in range(5)] == [1, 2, 3, 4, 5]
+    assert hook.failed and calls == [(0,)], "the hot path must not run a failed hook again"
+    assert sum("t.sync" in r.getMessage() for r in caplog.records) == 1
+    hooks.remove()
+
+
+def test_async_hook_that_fails_is_bypassed_and_vllms_errors_pass(kinds_pkg, caplog):
+    import asyncio
+
+    calls = []
+
+    async def broken(call, instance, args, kwargs):
+        calls.append(args)
+        raise RuntimeError("before vLLM's call")
+
+    hook = Hook("t.async", f"{kinds_pkg}:sleep", broken)
+    hooks = _apply(hook)
+    mod = __import__(kinds_pkg)
+
+    async def run():
+        return [await mod.sleep(i) for i in range(3)]
+
+    with caplog.at_level(logging.WARNING, logger="otel_ttft"):
+        assert asyncio.run(run()) == [0, 2, 4]
+    assert hook.failed and calls == [(0,)]
+    assert sum("t.async" in r.getMessage() for r in caplog.records) == 1
+    hooks.remove()
+
+
+def _stream_class(fail_in=None):
+    """A Stream observer class that records what the registry tells it, failing where asked."""
+    from otel_ttft.hooks.registry import Stream
+
+    log: list = []
+
+    class Observed(Stream):
+        __slots__ = ()
+
+        def enter(self):
+            log.append("enter")
+            return "token"
+
+        def leave(self, token):
+            log.append(("leave", token))
+
+        def first(self, item):
+            log.append(("first", item))
+            if fail_in == "first":
+                raise RuntimeError("our bug")
+
+        def item(self, item):
+            log.append(("item", item))
+            if fail_in == "item":
+                raise RuntimeError("our bug")
+
+        def close(self, outcome, error):
+            log.append(("close", outcome, type(error).__name__ if error else None))
+
+    return Observed, log
+
+
+def _drain(agen, take=None):
+    import asyncio
+
+    async def run():
+        out = []
+        async for x in agen:
+            out.append(x)
+            if take is not None and len(out) == take:
+                await agen.aclose()
+                break
+        return out
+
+    return asyncio.run(run())
+
+
+def test_stream_hook_sees_each_item_and_how_the_stream_ended(kinds_pkg):
+    from otel_ttft.hooks.registry import ABORTED, FAILED, FINISHED
+
+    observed, log = _stream_class()
+    hooks = _apply(Hook("t.stream", f"{kinds_pkg}:generate", observed))
+    mod = __import__(kinds_pkg)
+    assert _drain(mod.generate(3)) == [0, 1, 2]
+    assert log == ["enter", ("leave", "token"), ("first", 0), ("item", 1), ("item", 2),
+                   ("close", FINISHED, None)]
+    log.clear()
+    assert _drain(mod.generate(5), take=2) == [0, 1]
+    assert log[-1] == ("close", ABORTED, "GeneratorExit")
+    log.clear()
+    with pytest.raises(ValueError, match="vllm's own error"):
+        _drain(mod.generate(5, fail_at=2))
+    assert log[-1] == ("close", FAILED, "ValueError")
+    hooks.remove()
+
+
+@pytest.mark.parametrize("where", ["first", "item"])
+def test_stream_hook_that_fails_never_breaks_the_stream_and_stands_aside(kinds_pkg, caplog,
+                                                                         where):
+    observed, log = _stream_class(fail_in=where)
+    hook = Hook("t.stream_fail", f"{kinds_pkg}:generate", observed)
+    hooks = _apply(hook)
+    mod = __import__(kinds_pkg)
+    with caplog.at_level(logging.WARNING, logger="otel_ttft"):
+        assert _drain(mod.generate(4)) == [0, 1, 2, 3]
+    assert hook.failed
+    assert not [e for e in log if e[0] == "close"], "a failed observer is not called again"
+    count = len(log)
+    agen = mod.generate(2)
+    assert agen.__qualname__ == "generate", "later calls get vLLM's own generator, no layer"
+    assert _drain(agen) == [0, 1] and len(log) == count
+    assert sum("t.stream_fail" in r.getMessage() for r in caplog.records) == 1
+    hooks.remove()
+
+
+def test_suppressed_instrumentation_bypasses_every_kind(kinds_pkg):
+    import asyncio
+
+    from opentelemetry.instrumentation.utils import suppress_instrumentation
+
+    calls = []
+
+    def sync_w(call, instance, args, kwargs):
+        calls.append("sync")
+        return call(*args, **kwargs)
+
+    async def async_w(call, instance, args, kwargs):
+        calls.append("async")
+        return await call(*args, **kwargs)
+
+    observed, log = _stream_class()
+    hooks = _apply(Hook("t.s", f"{kinds_pkg}:step", sync_w),
+                   Hook("t.a", f"{kinds_pkg}:sleep", async_w),
+                   Hook("t.g", f"{kinds_pkg}:generate", observed))
+    mod = __import__(kinds_pkg)
+    with suppress_instrumentation():
+        assert mod.step(1) == 2
+        assert asyncio.run(mod.sleep(2)) == 4
+        assert _drain(mod.generate(2)) == [0, 1]
+    assert calls == [] and log == []
+    assert mod.step(1) == 2 and calls == ["sync"]  # and back on outside
+    hooks.remove()

@@ -6,10 +6,12 @@ from __future__ import annotations
 import pytest
 
 from otel_ttft import clock, semconv
-from otel_ttft.hooks import request_emit, request_engine
-from otel_ttft.hooks.request_record import Handle, Req
-from otel_ttft.hooks.request_timeline import PREEMPTED, SCHEDULED, stage_totals, tile
-from tests.otel_memory import memory_exporter
+from otel_ttft.hooks.request import payload
+from otel_ttft.hooks.request import spans as request_spans
+from otel_ttft.hooks.request.payload import EnginePayload
+from otel_ttft.hooks.request.state import Handle, RequestRecord
+from otel_ttft.hooks.request.timeline import PREEMPTED, SCHEDULED, stage_totals, tile
+from tests.test_request_telemetry import telemetry  # noqa: F401 - a fresh provider per test
 
 FRONTEND, QUEUE, PREFILL = semconv.STAGE_FRONTEND, semconv.STAGE_QUEUE, semconv.STAGE_PREFILL
 
@@ -69,39 +71,53 @@ def test_out_of_order_clocks_are_clamped_never_negative():
 
 
 def test_engine_payload_round_trip():
-    st = request_engine._EngineReq(123.25, waiting=7, running=4, free=3, total=6, lora_id=2)
+    st = EnginePayload(123.25, waiting=7, running=4, free=3, total=6, lora_id=2)
     st.attempts = 5
-    st.schedule = ["S123.5", "P124.0", "S124.5"]
+    st.schedule = [(SCHEDULED, 123.5), (PREEMPTED, 124.0), (SCHEDULED, 124.5)]
     st.adapter = (123.6, 123.7)
-    st.compile = ["123.8", "124.9"]
-    got = request_engine.decode(st.encode())
-    assert got == {"queued": 123.25, "attempts": 5, "waiting": 7, "running": 4, "free": 3,
-                   "total": 6, "schedule": [("S", 123.5), ("P", 124.0), ("S", 124.5)],
-                   "adapter": (123.6, 123.7), "compile": [(123.8, 124.9)]}
-    assert request_engine.decode("q=1.0;zz=unknown") == {"queued": 1.0}
+    st.compile = [(123.8, 124.9)]
+    got = payload.decode(payload.encode(st))
+    assert got == EnginePayload(123.25, waiting=7, running=4, free=3, total=6, attempts=5,
+                                schedule=st.schedule, adapter=(123.6, 123.7),
+                                compile=[(123.8, 124.9)])
+    assert got.lora_id == 0  # EngineCore-side only: not shipped
+
+
+@pytest.mark.parametrize("value", [
+    "q=1.0;zz=unknown",  # the old hand-encoded string
+    "[2,1.0,0,0,0,0,0,[],null,[]]",  # a newer version
+    "[1,1.0,0,0,0,0,0,[[\"X\",1.0]],null,[]]",  # unknown event kind
+    "[1,\"soon\",0,0,0,0,0,[],null,[]]",  # wrong type
+    "[1,1.0,-1,0,0,0,0,[],null,[]]",  # negative count
+    "[1,1e999,0,0,0,0,0,[],null,[]]",  # not finite
+    "[1,1.0,0,0,0,0,0,[],[1.0],[]]",  # truncated interval
+    "[" * 100000,  # deep
+    "{}", "", "null", "[1]",
+])
+def test_engine_payload_garbage_reads_as_none(value):
+    assert payload.decode(value) is None
 
 
 def _record(headers):
     handle = Handle(headers, None, "tiny", streaming=True)
-    rec = Req("req-1", "cmpl-1", handle, arrival=100.0)
+    rec = RequestRecord("req-1", "cmpl-1", handle, arrival=100.0)
     handle.records.append(rec)
     handle.first_out = 100.031
     rec.model, rec.prompt_len, rec.out_tokens = "tiny", 12, 4
     rec.queued = 100.004
     rec.schedule = [(SCHEDULED, 100.010)]
     rec.first_tok, rec.recv, rec.second_tok = 100.030, 100.0305, 100.040
-    rec.engine = {"attempts": 3, "waiting": 3, "running": 4, "free": 10, "total": 40,
-                  "adapter": (100.012, 100.020)}
+    rec.engine = EnginePayload(99.0, waiting=3, running=4, free=10, total=40, attempts=3,
+                               adapter=(100.012, 100.020))
     rec.lora = type("Lora", (), {"lora_name": "ad", "lora_int_id": 1})()
     return rec
 
 
-def test_request_tree_through_the_sdk():
-    exporter = memory_exporter()
-    exporter.clear()
+def test_request_tree_through_the_sdk(telemetry):  # noqa: F811
+    exporter, _, _ = telemetry()
     trace_id, span_id = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
     rec = _record({"traceparent": f"00-{trace_id}-{span_id}-01"})
-    request_emit.emit_request(rec, now=100.2)
+    request_spans.emit_request(rec, now=100.2)
     spans = {s.name: s for s in exporter.get_finished_spans()}
     req = spans[semconv.SPAN_REQUEST]
     assert format(req.context.trace_id, "032x") == trace_id
@@ -130,10 +146,9 @@ def test_request_tree_through_the_sdk():
     assert all(s.resource is req.resource for s in kids)
 
 
-def test_request_without_a_caller_is_a_root_server_span():
-    exporter = memory_exporter()
-    exporter.clear()
-    request_emit.emit_request(_record(None), now=100.2)
+def test_request_without_a_caller_is_a_root_server_span(telemetry):  # noqa: F811
+    exporter, _, _ = telemetry()
+    request_spans.emit_request(_record(None), now=100.2)
     (req,) = [s for s in exporter.get_finished_spans() if s.name == semconv.SPAN_REQUEST]
     assert req.parent is None
     assert req.kind.name == "SERVER"

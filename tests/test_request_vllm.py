@@ -18,6 +18,7 @@ from urllib.parse import urlparse
 import pytest
 
 from otel_ttft import semconv
+from otel_ttft.environment_variables import OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT
 from otel_ttft.replay.server import VllmServer
 from tests.export_env import EXPORT_ENV
 
@@ -196,6 +197,7 @@ def test_concurrent_streams_tile_their_ttft(receiver, tiny_model, tmp_path):
 
     # Each concurrent request: one span, in the caller's trace, tiled TTFT.
     traces = by_trace(spans, calls)
+    aborted_drops = 0
     for i, call in enumerate(calls):
         assert call.chunks >= 1
         assert len(traces[call.trace_id]) == 1, f"request {i}"
@@ -207,19 +209,30 @@ def test_concurrent_streams_tile_their_ttft(receiver, tiny_model, tmp_path):
         assert {p["name"] for p in parts} == TTFT_STAGES
         attrs = req["attributes"]
         assert attrs[semconv.GEN_AI_REQUEST_MODEL] == model
+        assert attrs[semconv.GEN_AI_OPERATION_NAME] == "text_completion"  # /v1/completions
+        assert attrs[semconv.GEN_AI_PROVIDER_NAME] == "vllm"
         assert attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS] > 20
         assert attrs[semconv.ATTR_REQUEST_STREAMING] is True
         assert attrs[semconv.GEN_AI_REQUEST_TEMPERATURE] == 0
         assert attrs[semconv.ATTR_REQUEST_ADMISSION_FAILED] == 0
         assert semconv.ATTR_REQUEST_ARRIVAL_KV_FREE in attrs
-        if i in dropped:  # the client left: the span still ends, marked aborted
-            assert attrs.get(semconv.ATTR_REQUEST_ABORTED) is True
-            assert attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] < 200
+        if i in dropped:
+            # The client left after its first chunk. If the server saw it leave before the final
+            # output was handed over, the span says aborted (even when the engine had finished
+            # meanwhile: test_request_abort pins that order of events). If the whole response had
+            # already been handed over (a starved client thread closes late), nothing was
+            # aborted and the span says so: all 200 tokens, finish reason length.
+            if attrs.get(semconv.ATTR_REQUEST_ABORTED) is True:
+                aborted_drops += 1
+            else:
+                assert attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 200, attrs
+                assert attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ["length"], attrs
         else:
             assert semconv.SPAN_REQUEST_FIRST_DECODE in {c["name"] for c in children(spans, req)}
             assert semconv.ATTR_REQUEST_ABORTED not in attrs
             assert attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 4
             assert attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ["length"]
+    assert aborted_drops >= 1  # four drops: the server saw at least one client leave
     # Four sequence slots for 64 requests: the engine queue was not empty for all of them.
     waited = [traces[c.trace_id][0] for c in calls]
     assert max(r["attributes"][semconv.ATTR_REQUEST_ARRIVAL_WAITING] for r in waited) > 0
@@ -257,6 +270,7 @@ def test_concurrent_streams_tile_their_ttft(receiver, tiny_model, tmp_path):
     ttft = [p for p in points if p["name"] == semconv.METRIC_SERVER_TTFT]
     assert max(ttft[-1]["explicit_bounds"]) >= 600
     assert {p["attributes"][semconv.GEN_AI_REQUEST_MODEL] for p in ttft} == {model}
+    assert {p["attributes"][semconv.GEN_AI_PROVIDER_NAME] for p in ttft} == {"vllm"}
     stages = {p["attributes"][semconv.ATTR_STAGE] for p in points
               if p["name"] == semconv.METRIC_REQUEST_STAGE_DURATION}
     assert {"frontend", "queue", "prefill", "first_decode"} <= stages
@@ -266,10 +280,10 @@ def test_concurrent_streams_tile_their_ttft(receiver, tiny_model, tmp_path):
 
 def test_vllm_tracing_on_one_request_span_and_ttft_agrees(receiver, tiny_model, tmp_path):
     """vLLM's own tracing on, through the vLLM plugin alone, content capture opted in: still one
-    request span per request, our TTFT within 2 ms of vLLM's own, the prompt exported."""
+    request span per request, vLLM's own TTFT inside our tile, the prompt exported."""
     model = str(tiny_model)
     env = {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "OTEL_BSP_SCHEDULE_DELAY": "200",
-           semconv.ENV_CAPTURE_CONTENT: "true"}
+           OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT: "true"}
     # Two adapters, one CPU slot: the start-up loads evict each other, so the first request for
     # "lora-a" loads it again, inside its TTFT.
     lora_a = write_lora_adapter(Path(tiny_model), tmp_path / "lora-a")
@@ -309,8 +323,12 @@ def test_vllm_tracing_on_one_request_span_and_ttft_agrees(receiver, tiny_model, 
         attrs = req["attributes"]
         assert req["parent_span_id"] == call.parent_span_id
         assert_tiles_ttft(spans, req)
+        # vLLM's TTFT ends when the API process took the first token, ours when its chunk was
+        # written to the client: the difference lies inside our "Frontend output" segment (a
+        # fixed bound in ms would only measure how busy the machine was).
         ours, vllms = attrs[semconv.ATTR_REQUEST_TTFT], attrs[semconv.VLLM_LATENCY_TTFT]
-        assert abs(ours - vllms) <= 0.002, (ours, vllms)
+        output_s = stage_ns(spans, req, semconv.SPAN_REQUEST_OUTPUT) / 1e9
+        assert -0.001 <= ours - vllms <= output_s + 0.001, (ours, vllms, output_s)
         assert attrs["gen_ai.latency.time_in_queue"] >= 0  # vLLM's own attributes, carried over
         # Opted in: the prompt and the output text are exported.
         (message,) = json.loads(attrs[semconv.GEN_AI_INPUT_MESSAGES])
@@ -354,6 +372,10 @@ def test_blocked_admission_and_compile_inside_the_first_request(receiver, tiny_m
     prefill = next(p for p in parts if p["name"] == semconv.SPAN_REQUEST_PREFILL)
     assert all(prefill["start_ns"] <= c["start_ns"] <= c["end_ns"] <= prefill["end_ns"]
                for c in compiles)
+    # One wrapper on monitor_torch_compile: a compile inside a request step is shown once, in
+    # the request's tree, never as a worker span of its own (no parent: an orphan trace).
+    assert not [c for c in spans if c["name"] == semconv.SPAN_TORCH_COMPILE
+                and c["parent_span_id"] is None]
     later = [by_trace(spans, [c])[c.trace_id][0] for c in blocked]
     assert not any(semconv.ATTR_REQUEST_COMPILE_SECONDS in r["attributes"] for r in later)
 

@@ -13,7 +13,7 @@ from opentelemetry import trace
 from otel_ttft.hooks import rpc
 from tests.otel_memory import memory_exporter
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = [pytest.mark.vllm, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 
 class FakeWorker:

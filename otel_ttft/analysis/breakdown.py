@@ -237,6 +237,8 @@ def _request(node: SpanNode) -> RequestSummary | None:
     server_end = arrival + int((server_ttft or 0.0) * _NS)
     segments = _segments(node, arrival, server_end, semconv.STAGE_FRONTEND) \
         if server_ttft is not None else []
+    if server_ttft is not None and not any(c.stage for c in node.children):
+        segments = _attribute_segments(a, arrival, server_end) or segments  # issue 9: no children
     link = next((lk.get("trace_id") for lk in node.span.get("links") or []
                  if isinstance(lk, dict) and (lk.get("attributes") or {}).get(
                      semconv.ATTR_LINK_KIND) == semconv.LINK_KIND_ACTIVATION), None)
@@ -301,6 +303,26 @@ _NOT_TTFT = frozenset({semconv.STAGE_FIRST_DECODE})
 def _segments(root: SpanNode, lo: int, hi: int, default: str | None) -> list[Segment]:
     """The stage tiling of ``[lo, hi]`` under ``root``; the first decode is after any TTFT."""
     return staged_segments(root, lo, hi, default, _NOT_TTFT)
+
+
+_ATTRIBUTE_STAGES = (semconv.STAGE_FRONTEND, semconv.STAGE_QUEUE, semconv.STAGE_PREFILL)
+
+
+def _attribute_segments(a: dict, lo: int, hi: int) -> list[Segment]:
+    """A request span whose stage children were not built (the request-detail policy): its
+    stage durations, laid end to end in pipeline order (the totals are what the breakdown
+    uses); what rounding leaves over is frontend, as for an uncovered instant."""
+    out: list[Segment] = []
+    cursor = lo
+    for stage in _ATTRIBUTE_STAGES:
+        seconds = _float(a.get(semconv.REQUEST_STAGE_SECONDS[stage]))
+        end = min(hi, cursor + int(seconds * _NS)) if seconds and seconds > 0 else cursor
+        if end > cursor:
+            _append(out, cursor, end, stage)
+            cursor = end
+    if out and cursor < hi:
+        _append(out, cursor, hi, semconv.STAGE_FRONTEND)
+    return out
 
 
 def _append(out: list[Segment], start: int, end: int, stage: str) -> None:

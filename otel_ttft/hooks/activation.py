@@ -20,7 +20,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanContext, Status, StatusCode
 
 from otel_ttft import clock, handoff, inflight, semconv, spans
-from otel_ttft.hooks.registry import Hook, guard_async
+from otel_ttft.hooks.registry import Hook
 
 API_SERVER, ENGINE_CORE, WORKER = "api_server", "engine_core", "worker"
 
@@ -192,7 +192,6 @@ def _wrap_offline_engine(call, instance, args, kwargs):
     return result
 
 
-@guard_async("activation.api_ready")
 async def _wrap_build_and_serve(call, instance, args, kwargs):
     """App build and HTTP start: a span that ends when uvicorn listens, not when it stops."""
     global _frontend_span
@@ -213,7 +212,6 @@ async def _wrap_build_and_serve(call, instance, args, kwargs):
         otel_context.detach(token)
 
 
-@guard_async("activation.serve_context")
 async def _wrap_serve_http(call, instance, args, kwargs):
     """Serve with a clean context: request tasks must not inherit start-up spans."""
     token = otel_context.attach(otel_context.Context())
@@ -223,7 +221,6 @@ async def _wrap_serve_http(call, instance, args, kwargs):
         otel_context.detach(token)
 
 
-@guard_async("activation.ready")
 async def _wrap_uvicorn_startup(call, instance, args, kwargs):
     """uvicorn's startup returns once its sockets listen: the activation is ready."""
     result = await call(*args, **kwargs)
@@ -233,7 +230,6 @@ async def _wrap_uvicorn_startup(call, instance, args, kwargs):
     return result
 
 
-@guard_async("activation.failed")
 async def _wrap_run_server_worker(call, instance, args, kwargs):
     try:
         return await call(*args, **kwargs)
@@ -304,7 +300,6 @@ def _wake_activation(process_kind: str) -> Iterator[trace.Span]:
         root.end(end_time=end)
 
 
-@guard_async("switch.api_wake_up")
 async def _wrap_api_wake_up(call, instance, args, kwargs):
     if not spans.provider_ready():
         return await call(*args, **kwargs)
@@ -379,13 +374,13 @@ HOOKS = [
          "vllm.v1.engine.core_client:EngineCoreClient.make_async_mp_client",
          _wrap_api_call, stage=semconv.STAGE_WARMUP, process=API_SERVER),
     Hook("activation.api_ready", f"{_ENTRY}:build_and_serve", _wrap_build_and_serve,
-         stage=semconv.STAGE_WARMUP_FRONTEND, process=API_SERVER, guarded=False),
+         stage=semconv.STAGE_WARMUP_FRONTEND, process=API_SERVER),
     Hook("activation.serve_context", f"{_ENTRY}:serve_http", _wrap_serve_http,
-         process=API_SERVER, guarded=False),
+         process=API_SERVER),
     Hook("activation.ready", "uvicorn.server:Server.startup", _wrap_uvicorn_startup,
-         process=API_SERVER, guarded=False),
+         process=API_SERVER),
     Hook("activation.failed", f"{_ENTRY}:run_server_worker", _wrap_run_server_worker,
-         process=API_SERVER, guarded=False),
+         process=API_SERVER),
     Hook("activation.engine_core_start", f"{_CORE}:EngineCoreProc.__init__",
          _wrap_child_init(ENGINE_CORE), stage=semconv.STAGE_WARMUP_PROCESS_START,
          process=ENGINE_CORE),
@@ -396,7 +391,7 @@ HOOKS = [
     Hook("switch.engine_sleep", f"{_CORE}:EngineCore.sleep", _wrap_engine_sleep,
          stage=semconv.STAGE_SWITCH_SLEEP, process=ENGINE_CORE),
     Hook("switch.api_wake_up", "vllm.v1.engine.async_llm:AsyncLLM.wake_up", _wrap_api_wake_up,
-         stage=semconv.STAGE_LOAD_H2D, process=API_SERVER, guarded=False),
+         stage=semconv.STAGE_LOAD_H2D, process=API_SERVER),
     Hook("switch.engine_wake_up", f"{_CORE}:EngineCore.wake_up", _wrap_engine_wake_up,
          stage=semconv.STAGE_LOAD_H2D, process=ENGINE_CORE),
     Hook("switch.worker_sleep", "vllm.v1.worker.gpu_worker:Worker.sleep", _wrap_engine_sleep,

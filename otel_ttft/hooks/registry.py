@@ -2,21 +2,28 @@
 
 Targets are patched when vLLM imports their module (a post-import hook), so instrumenting costs
 no import and names that vLLM imports elsewhere with ``from x import f`` see the wrapper. A target
-that moved is skipped with one warning; a wrapper that fails is logged once and then stands aside
-so vLLM runs unchanged.
+that moved is skipped with one warning.
+
+One failure rule for every hook, sync, async or async-generator (:func:`guard`): vLLM's own
+exceptions pass through unchanged; the hook's first own exception is logged once, recorded as
+``ttft.hook.error`` on the current span, and the hook is bypassed on every later call, hot paths
+included. Hooks also stand aside while instrumentation is suppressed
+(``opentelemetry.instrumentation.utils.suppress_instrumentation``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
+import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import wrapt
 from opentelemetry import trace
-from opentelemetry.instrumentation.utils import unwrap
+from opentelemetry.instrumentation.utils import is_instrumentation_enabled, unwrap
 
 from otel_ttft.semconv import ATTR_HOOK_ERROR
 
@@ -27,14 +34,18 @@ WrapperFn = Callable[[Callable[..., Any], Any, tuple, dict], Any]
 
 @dataclass(eq=False)
 class Hook:
-    """One wrapped vLLM call site."""
+    """One wrapped vLLM call site.
+
+    ``wrapper`` is a wrapt-style ``(call, instance, args, kwargs)`` function, ``async def`` for
+    coroutine targets, or a :class:`Stream` subclass for async-generator targets; ``call`` runs
+    vLLM's function (once). The registry applies the one failure rule to each kind alike.
+    """
 
     name: str  # stable id, used by OTEL_TTFT_DISABLED_HOOKS and doctor
     target: str  # "package.module:Class.method"
-    wrapper: WrapperFn
+    wrapper: Any
     stage: str | None = None
     process: str = "any"  # where it fires: api_server | engine_core | worker | any
-    guarded: bool = True  # False for hot-path wrappers that guard themselves cheaply
     optional: bool = False  # absent on some builds (GPU-only modules): no warning when missing
     failed: bool = field(default=False, compare=False)
     applied: bool = field(default=False, compare=False)
@@ -46,6 +57,18 @@ class Hook:
     @property
     def qualname(self) -> str:
         return self.target.split(":", 1)[1]
+
+
+def report_failure(hook: Hook, exc: BaseException) -> None:
+    """The failure rule: the hook's first own exception is logged once, marked on the current
+    span (``ttft.hook.error``), and the hook stands aside from then on (``hook.failed``)."""
+    if not hook.failed:
+        hook.failed = True
+        logger.warning("otel-ttft hook %s failed and is now disabled: %r", hook.name, exc,
+                       exc_info=exc)
+        span = trace.get_current_span()
+        if span.is_recording():  # the trace shows where our numbers stop
+            span.set_attribute(ATTR_HOOK_ERROR, f"{hook.name}: {exc!r}")
 
 
 class _Call:
@@ -66,33 +89,6 @@ class _Call:
         return self.result
 
 
-def report_failure(hook: Hook, exc: BaseException) -> None:
-    """Log a hook's own failure once and switch the hook off."""
-    if not hook.failed:
-        hook.failed = True
-        logger.warning("otel-ttft hook %s failed and is now disabled: %r", hook.name, exc,
-                       exc_info=exc)
-        span = trace.get_current_span()
-        if span.is_recording():  # the trace shows where our numbers stop
-            span.set_attribute(ATTR_HOOK_ERROR, f"{hook.name}: {exc!r}")
-
-
-def _guard(hook: Hook) -> WrapperFn:
-    def guarded(wrapped, instance, args, kwargs):
-        if hook.failed:
-            return wrapped(*args, **kwargs)
-        call = _Call(wrapped)
-        try:
-            return hook.wrapper(call, instance, args, kwargs)
-        except Exception as exc:
-            if call.raised:
-                raise  # vLLM's own error: propagate unchanged
-            report_failure(hook, exc)
-            return call.result if call.called else wrapped(*args, **kwargs)
-
-    return guarded
-
-
 class _AsyncCall(_Call):
     __slots__ = ("done",)
 
@@ -111,29 +107,157 @@ class _AsyncCall(_Call):
         return self.result
 
 
-def guard_async(hook_name: str) -> Callable[[WrapperFn], WrapperFn]:
-    """The same promise for coroutine functions: our failure never becomes vLLM's."""
+def _guard_sync(hook: Hook) -> WrapperFn:
+    fn = hook.wrapper
 
-    def decorate(fn):
-        hook = Hook(hook_name, ":", fn)
+    def guarded(wrapped, instance, args, kwargs):
+        if hook.failed or not is_instrumentation_enabled():
+            return wrapped(*args, **kwargs)
+        call = _Call(wrapped)
+        try:
+            return fn(call, instance, args, kwargs)
+        except Exception as exc:
+            if call.raised:
+                raise  # vLLM's own error: propagate unchanged
+            report_failure(hook, exc)
+            return call.result if call.called else wrapped(*args, **kwargs)
 
-        async def wrapper(wrapped, instance, args, kwargs):
-            if hook.failed:
-                return await wrapped(*args, **kwargs)
-            call = _AsyncCall(wrapped)
+    return guarded
+
+
+def _guard_async(hook: Hook) -> WrapperFn:
+    fn = hook.wrapper
+
+    async def guarded(wrapped, instance, args, kwargs):
+        if hook.failed or not is_instrumentation_enabled():
+            return await wrapped(*args, **kwargs)
+        call = _AsyncCall(wrapped)
+        try:
+            return await fn(call, instance, args, kwargs)
+        except Exception as exc:
+            if call.raised:
+                raise
+            report_failure(hook, exc)
+            if call.done:
+                return call.result
+            if call.called:  # ours failed while vLLM's coroutine ran: it was cancelled under us
+                raise
+            return await wrapped(*args, **kwargs)
+
+    return guarded
+
+
+FINISHED, ABORTED, FAILED = "finished", "aborted", "failed"
+
+
+class Stream:
+    """Observes one call of an async-generator function (``AsyncLLM.generate``) from the
+    registry's one pass-through, which applies the failure rule around every method.
+
+    ``open`` decides per call (``None``: vLLM's generator is returned untouched, no pass-through);
+    ``enter``/``leave`` bracket the wait for the first item (to set a context variable the
+    producer reads); ``first`` and ``item`` see each item before it is handed on; ``close`` gets
+    how the stream ended: ``FINISHED`` (exhausted), ``ABORTED`` (closed or cancelled by the
+    consumer) or ``FAILED`` (vLLM raised ``error``).
+    """
+
+    __slots__ = ()
+
+    @classmethod
+    def open(cls, instance: Any, args: tuple, kwargs: dict) -> Stream | None:
+        return cls()
+
+    def enter(self) -> Any:
+        return None
+
+    def leave(self, token: Any) -> None:
+        pass
+
+    def first(self, item: Any) -> None:
+        self.item(item)
+
+    def item(self, item: Any) -> None:
+        pass
+
+    def close(self, outcome: str, error: BaseException | None) -> None:
+        pass
+
+
+def _guard_stream(hook: Hook) -> WrapperFn:
+    cls = hook.wrapper
+
+    def guarded(wrapped, instance, args, kwargs):
+        inner = wrapped(*args, **kwargs)
+        if hook.failed or not is_instrumentation_enabled():
+            return inner
+        try:
+            observer = cls.open(instance, args, kwargs)
+        except Exception as exc:
+            report_failure(hook, exc)
+            return inner
+        return inner if observer is None else _pass_through(hook, inner, observer)
+
+    return guarded
+
+
+async def _pass_through(hook: Hook, inner: Any, obs: Stream) -> AsyncIterator[Any]:
+    """vLLM's generator, item for item; the observer's failure never reaches vLLM or the
+    consumer, and turns every observer of this hook off."""
+    outcome: str = FINISHED
+    error: BaseException | None = None
+    try:
+        token = None
+        try:
+            token = obs.enter()
+        except Exception as exc:
+            report_failure(hook, exc)
+        try:
+            item = await inner.__anext__()
+        finally:
+            if not hook.failed:
+                try:
+                    obs.leave(token)
+                except Exception as exc:
+                    report_failure(hook, exc)
+        if not hook.failed:
             try:
-                return await fn(call, instance, args, kwargs)
+                obs.first(item)
             except Exception as exc:
-                if call.raised:
-                    raise
                 report_failure(hook, exc)
-                if call.done:
-                    return call.result
-                return await wrapped(*args, **kwargs)
+        while True:
+            yield item
+            item = await inner.__anext__()
+            if not hook.failed:
+                try:
+                    obs.item(item)
+                except Exception as exc:
+                    report_failure(hook, exc)
+    except StopAsyncIteration:
+        return
+    except (GeneratorExit, asyncio.CancelledError) as exc:
+        outcome, error = ABORTED, exc
+        raise
+    except BaseException as exc:
+        outcome, error = FAILED, exc
+        raise
+    finally:
+        try:
+            await inner.aclose()
+        finally:
+            if not hook.failed:
+                try:
+                    obs.close(outcome, error)
+                except Exception as exc:
+                    report_failure(hook, exc)
 
-        return wrapper
 
-    return decorate
+def guard(hook: Hook) -> WrapperFn:
+    """The wrapt wrapper that applies the failure rule (and suppression) to ``hook``."""
+    if isinstance(hook.wrapper, type) and issubclass(hook.wrapper, Stream):
+        return _guard_stream(hook)
+    if inspect.iscoroutinefunction(hook.wrapper):
+        return _guard_async(hook)
+    return _guard_sync(hook)
 
 
 def resolve(hook: Hook) -> tuple[bool, str]:
@@ -183,9 +307,8 @@ class HookSet:
                     logger.warning("otel-ttft: %s not found in this vLLM; hook %s skipped",
                                    hook.target, hook.name)
                 return
-            wrapper = _guard(hook) if hook.guarded else hook.wrapper
             try:
-                wrapt.wrap_function_wrapper(parent, attr, wrapper)
+                wrapt.wrap_function_wrapper(parent, attr, guard(hook))
                 hook.applied = True
             except Exception as exc:  # noqa: BLE001
                 report_failure(hook, exc)

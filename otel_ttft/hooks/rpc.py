@@ -50,26 +50,23 @@ class TracedCall:
         return self.method
 
 
-def _wrap_collective_rpc(wrapped, instance, args, kwargs):
+def _wrap_collective_rpc(call, instance, args, kwargs):
     method = args[0] if args else kwargs.get("method")
-    if isinstance(method, str) and method in TRACED_RPC_METHODS:
-        try:
-            if trace.get_current_span().get_span_context().is_valid:
-                carrier: dict[str, str] = {}
-                TraceContextTextMapPropagator().inject(carrier)
-                traced = TracedCall(method, carrier)
-                if args:
-                    args = (traced,) + tuple(args[1:])
-                else:
-                    kwargs = {**kwargs, "method": traced}
-        except Exception:  # noqa: BLE001 - fall back to the plain call
-            pass
-    return wrapped(*args, **kwargs)
+    if isinstance(method, str) and method in TRACED_RPC_METHODS \
+            and trace.get_current_span().get_span_context().is_valid:
+        carrier: dict[str, str] = {}
+        TraceContextTextMapPropagator().inject(carrier)
+        traced = TracedCall(method, carrier)
+        if args:
+            args = (traced,) + tuple(args[1:])
+        else:
+            kwargs = {**kwargs, "method": traced}
+    return call(*args, **kwargs)
 
 
 COLLECTIVE_RPC = Hook(
     "rpc.parent_context",
     "vllm.v1.executor.multiproc_executor:MultiprocExecutor.collective_rpc",
-    _wrap_collective_rpc, process="engine_core", guarded=False)
+    _wrap_collective_rpc, process="engine_core")
 
 HOOKS = [COLLECTIVE_RPC]

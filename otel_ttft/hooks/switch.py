@@ -27,7 +27,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from otel_ttft import bounded_export, clock, handoff, semconv, spans
-from otel_ttft.hooks.registry import Hook, guard_async
+from otel_ttft.hooks.registry import Hook
 
 logger = logging.getLogger("otel_ttft")
 
@@ -188,7 +188,6 @@ def remove_signal_chain() -> None:
         del _previous[sig]
 
 
-@guard_async("switch.on_signal")
 async def _wrap_uvicorn_startup(call, instance, args, kwargs):
     """uvicorn listens: vLLM's loop handlers are in place, chain ours in front of them."""
     result = await call(*args, **kwargs)
@@ -197,7 +196,6 @@ async def _wrap_uvicorn_startup(call, instance, args, kwargs):
     return result
 
 
-@guard_async("switch.api_sleep")
 async def _wrap_api_sleep(call, instance, args, kwargs):
     """``/sleep``: the API side of the eviction; EngineCore's "Sleep" joins it through handoff."""
     if not spans.provider_ready():
@@ -212,7 +210,7 @@ async def _wrap_api_sleep(call, instance, args, kwargs):
 
 HOOKS = [
     Hook("switch.on_signal", "uvicorn.server:Server.startup", _wrap_uvicorn_startup,
-         stage=semconv.STAGE_SWITCH, process="api_server", guarded=False),
+         stage=semconv.STAGE_SWITCH, process="api_server"),
     Hook("switch.api_sleep", "vllm.v1.engine.async_llm:AsyncLLM.sleep", _wrap_api_sleep,
-         stage=semconv.STAGE_SWITCH, process="api_server", guarded=False),
+         stage=semconv.STAGE_SWITCH, process="api_server"),
 ]

@@ -1,9 +1,11 @@
 """Request-path instruments: server TTFT (the GenAI semconv name), time per stage, and what the
-engine looked like when the latest request arrived. Buckets reach 1200 s: a request that waited on
-a cold start is measured in minutes, not in the SDK's default buckets that stop at 10 s.
+engine looked like when the latest request arrived. Buckets are the GenAI convention's TTFT
+boundaries (1 ms .. 10 s) extended to 1200 s: a request that waited on a cold start is measured in
+minutes. TTFT and stage samples carry ``gen_ai.operation.name`` and ``gen_ai.provider.name``.
 
-Every histogram record takes the request span's context, so SDKs with exemplars (trace-based
-filter, the default) attach the trace id. Queue depth and KV usage at arrival are gauges read at
+The TTFT record takes the request span's context, so SDKs with exemplars (trace-based filter, the
+default) attach the trace id; the stage records do not (an exemplar costs a third of a record, and
+the TTFT's already leads to the trace). Queue depth and KV usage at arrival are gauges read at
 export time (per model: the latest arrival), so they cost no SDK call per request; the full
 per-request values are attributes of each request span.
 """
@@ -17,13 +19,14 @@ from opentelemetry import metrics
 from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from otel_ttft import semconv
+from otel_ttft import config, semconv
 from otel_ttft.version import __version__
 
 
 @cache
 def _instruments() -> dict[str, Any]:
-    meter = metrics.get_meter("otel_ttft.request", __version__)
+    meter = metrics.get_meter("otel_ttft.request", __version__,
+                              meter_provider=config.current.meter_provider)
     return {
         "ttft": meter.create_histogram(
             semconv.METRIC_SERVER_TTFT, unit="s",
@@ -44,6 +47,8 @@ def _instruments() -> dict[str, Any]:
     }
 
 
+_NO_SPAN = Context()  # no current span: the trace-based exemplar filter offers nothing
+
 # model -> (waiting requests, KV usage) at the latest arrival
 _latest: dict[str | None, list[float | None]] = {}
 
@@ -58,24 +63,33 @@ def _observe(index: int):
     return callback
 
 
+def reset() -> None:
+    """Instruments are made again from the next sample on (``instrument()`` with a provider)."""
+    _instruments.cache_clear()
+
+
 def record_request(ttft_s: float | None, stages: dict[str, float], model: str | None, cold: bool,
                    waiting: int | None, kv_usage: float | None,
-                   context: Context | None = None) -> None:
+                   context: Context | None = None,
+                   operation: str = semconv.GEN_AI_OPERATION_TEXT_COMPLETION) -> None:
     """One finished request: TTFT, one sample per stage, and the engine state at arrival."""
     inst = _instruments()
     if waiting is not None or kv_usage is not None:
         _latest[model] = [waiting, kv_usage]
     if ttft_s is not None:
-        inst["ttft"].record(ttft_s, _attrs(model, cold, None), context=context)
+        inst["ttft"].record(ttft_s, _attrs(model, cold, None, operation), context=context)
     stage_hist = inst["stage"]
-    for stage, seconds in stages.items():
-        stage_hist.record(seconds, _attrs(model, cold, stage), context=context)
+    for stage, seconds in stages.items():  # no exemplar (a third of a record's cost): the
+        stage_hist.record(seconds, _attrs(model, cold, stage, operation),  # TTFT has one
+                          context=_NO_SPAN)
 
 
 @cache
-def _attrs(model: str | None, cold: bool, stage: str | None) -> dict[str, Any]:
+def _attrs(model: str | None, cold: bool, stage: str | None, operation: str) -> dict[str, Any]:
     """One attribute dict per combination, built once (the SDK copies what it keeps)."""
-    out: dict[str, Any] = {semconv.ATTR_REQUEST_COLD: cold}
+    out: dict[str, Any] = {semconv.ATTR_REQUEST_COLD: cold,
+                           semconv.GEN_AI_OPERATION_NAME: operation,
+                           semconv.GEN_AI_PROVIDER_NAME: semconv.GEN_AI_PROVIDER_VLLM}
     if model:
         out[semconv.GEN_AI_REQUEST_MODEL] = model
     if stage:

@@ -1,88 +1,99 @@
-"""The request path's hooks in the API process (see ``request`` for the lifecycle)."""
+"""The request path's hooks in the API process (see the package docstring for the lifecycle)."""
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 from opentelemetry import context as otel_context
 
-from otel_ttft import semconv, spans
-from otel_ttft.hooks import request_emit, request_record
-from otel_ttft.hooks.request_record import (
+from otel_ttft import config, semconv, spans
+from otel_ttft.hooks.registry import ABORTED, FAILED, Stream
+from otel_ttft.hooks.request import cold, state
+from otel_ttft.hooks.request import spans as request_spans
+from otel_ttft.hooks.request.state import (
     FLUSH,
     HANDLE,
     FlushBox,
     Handle,
-    Req,
+    RequestRecord,
     done,
-    fail,
     live,
-    note_activation,
 )
 
-_DELTA, _FINAL_ONLY = 1, 2  # vllm.sampling_params.RequestOutputKind values
+
+@cache
+def _output_kinds() -> tuple[int, int]:
+    """vLLM's ``RequestOutputKind`` values for DELTA and FINAL_ONLY, looked up once."""
+    from vllm.sampling_params import RequestOutputKind as K
+
+    return K.DELTA.value, K.FINAL_ONLY.value
+
 
 # --- AsyncLLM.generate --------------------------------------------------------------------------
 
-def wrap_generate(wrapped: Callable[..., Any], instance: Any, args: tuple,
-                  kwargs: dict) -> Any:
-    inner = wrapped(*args, **kwargs)
-    if request_record.failed("generate") or not request_record.telemetry_on():
-        return inner
-    try:
-        handle = _new_handle(instance, args, kwargs)
-    except Exception as exc:  # noqa: BLE001
-        fail("generate", exc)
-        return inner
-    return _traced(inner, handle)
+class Generate(Stream):
+    """One ``generate`` call, seen through the registry's pass-through: the caller's context,
+    when the first output was handed over, and how the stream ended (so that no request is left
+    unreported, however it ends)."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: Handle):
+        self.handle = handle
+
+    @classmethod
+    def open(cls, instance: Any, args: tuple, kwargs: dict) -> Generate | None:
+        if not state.telemetry_on():
+            return None
+        return cls(_new_handle(instance, args, kwargs))
+
+    def enter(self) -> Any:
+        """vLLM's first step runs ``add_request``, which finds this call through ``HANDLE``."""
+        self.handle.flush = FLUSH.get()
+        return HANDLE.set(self.handle)
+
+    def leave(self, token: Any) -> None:
+        HANDLE.reset(token)
+
+    def first(self, item: Any) -> None:
+        handle = self.handle
+        handle.first_out = time.monotonic()
+        if handle.flush is not None:
+            handle.flush.armed = True
+        self.item(item)
+
+    def item(self, item: Any) -> None:
+        handle = self.handle
+        if item.finished:
+            handle.finish = [str(o.finish_reason) for o in item.outputs if o.finish_reason]
+        if handle.texts is not None:
+            _note_text(handle, item)
+
+    def close(self, outcome: str, error: BaseException | None) -> None:
+        handle = self.handle
+        if outcome == ABORTED:
+            handle.aborted = True
+        elif outcome == FAILED:
+            handle.error = f"{type(error).__name__}: {error}"
+        _close_handle(handle)
 
 
 def _new_handle(instance: Any, args: tuple, kwargs: dict) -> Handle:
     params = args[1] if len(args) > 1 else kwargs.get("sampling_params")
+    delta, final_only = _output_kinds()
     output_kind = getattr(getattr(params, "output_kind", None), "value", 0)
-    streaming = output_kind != _FINAL_ONLY and (getattr(params, "n", 1) or 1) == 1
+    streaming = output_kind != final_only and (getattr(params, "n", 1) or 1) == 1
     model_config = getattr(instance, "model_config", None)
     model = getattr(model_config, "served_model_name", None) or spans.served_model
     if isinstance(model, (list, tuple)):
         model = model[0] if model else None
     # The parent is resolved when the spans are built, off the request's path.
     return Handle(kwargs.get("trace_headers"), otel_context.get_current(),
-                  str(model) if model else None, streaming, delta=output_kind == _DELTA)
-
-
-async def _traced(inner: Any, handle: Handle) -> AsyncIterator[Any]:
-    """vLLM's generator, passed through; our bookkeeping never raises into it."""
-    try:
-        handle.flush = FLUSH.get()
-        token = HANDLE.set(handle)
-        try:
-            out = await inner.__anext__()
-        finally:
-            HANDLE.reset(token)
-        handle.first_out = time.monotonic()
-        if handle.flush is not None:
-            handle.flush.armed = True
-        while True:
-            if out.finished or handle.texts is not None:
-                _note_output(handle, out)
-            yield out
-            out = await inner.__anext__()
-    except StopAsyncIteration:
-        return
-    except (GeneratorExit, asyncio.CancelledError):
-        handle.aborted = True
-        raise
-    except BaseException as exc:
-        handle.error = f"{type(exc).__name__}: {exc}"
-        raise
-    finally:
-        try:
-            await inner.aclose()
-        finally:
-            _close_handle(handle)
+                  str(model) if model else None, streaming, delta=output_kind == delta,
+                  texts={} if config.current.capture_content else None)
 
 
 def _note_text(handle: Handle, out: Any) -> None:
@@ -92,56 +103,45 @@ def _note_text(handle: Handle, out: Any) -> None:
         texts[o.index] = (texts.get(o.index, "") + o.text) if handle.delta else o.text
 
 
-def _note_output(handle: Handle, out: Any) -> None:
-    """The final output's finish reasons; with capture opted in, the text so far."""
-    try:
-        if out.finished:
-            handle.finish = [str(o.finish_reason) for o in out.outputs if o.finish_reason]
-        if handle.texts is not None:
-            _note_text(handle, out)
-    except Exception as exc:  # noqa: BLE001
-        fail("generate.output", exc)
-
-
 def _close_handle(handle: Handle) -> None:
-    try:
-        now = time.monotonic()
-        for rec in handle.records:
-            live.pop(rec.rid, None)
-            if handle.error and rec.error is None:
-                rec.error = handle.error
-            if handle.aborted and rec.finish is None and not handle.finish:
-                rec.aborted = True
-            request_emit.emit_request(rec, now)
-        handle.records.clear()
-    except Exception as exc:  # noqa: BLE001
-        fail("generate.close", exc)
+    now = time.monotonic()
+    for rec in handle.records:
+        live.pop(rec.rid, None)
+        if handle.error and rec.error is None and rec.rejected is None:
+            rec.error = handle.error
+        if handle.aborted and not handle.finish:
+            # The caller left before the final output reached it: aborted, even if the engine
+            # had finished the request meanwhile (its final output was still queued for us).
+            rec.aborted = True
+        request_spans.emit_request(rec, now)
+    handle.records.clear()
 
 
 # --- OutputProcessor.add_request -----------------------------------------------------------------
 
 def wrap_add_request(call: Callable[..., Any], instance: Any, args: tuple,
                      kwargs: dict) -> Any:
-    """Guarded: once per request. The record starts at vLLM's own arrival time."""
+    """Once per request. The record starts at vLLM's own arrival time."""
     result = call(*args, **kwargs)
     request = args[0] if args else kwargs["request"]
     rid = request.request_id
-    if rid in live or not request_record.telemetry_on():
+    if rid in live or not state.telemetry_on():
         return result  # a streaming-input continuation, or no provider to report to
     mono_minus_wall = time.monotonic() - time.time()
     handle = HANDLE.get()
-    rec = Req(rid, request.external_req_id or rid, handle, request.arrival_time + mono_minus_wall)
+    rec = RequestRecord(rid, request.external_req_id or rid, handle,
+                        request.arrival_time + mono_minus_wall)
     rec.params = request.sampling_params
     rec.lora = request.lora_request
     rec.trace_headers = request.trace_headers
-    state = instance.request_states.get(rid)
-    rec.prompt_len = getattr(state, "prompt_len", None)
-    if request_record.CAPTURE_CONTENT:
+    req_state = instance.request_states.get(rid)
+    rec.prompt_len = getattr(req_state, "prompt_len", None)
+    if config.current.capture_content:
         prompt = args[1] if len(args) > 1 else kwargs.get("prompt")
         rec.prompt = prompt if isinstance(prompt, str) else None
     rec.model = (rec.lora.lora_name if rec.lora is not None
                  else (handle.model if handle is not None else spans.served_model))
-    note_activation(rec)
+    cold.note_activation(rec)
     live[rid] = rec
     if handle is not None:
         handle.records.append(rec)
@@ -150,19 +150,13 @@ def wrap_add_request(call: Callable[..., Any], instance: Any, args: tuple,
 
 # --- OutputProcessor.process_outputs (hot: every output of every request) ------------------------
 
-def wrap_process_outputs(wrapped: Callable[..., Any], instance: Any, args: tuple,
+def wrap_process_outputs(call: Callable[..., Any], instance: Any, args: tuple,
                          kwargs: dict) -> Any:
     if live:
-        try:
-            _observe(args, kwargs)
-        except Exception as exc:  # noqa: BLE001
-            fail("process_outputs", exc)
-    result = wrapped(*args, **kwargs)
+        _observe(args, kwargs)
+    result = call(*args, **kwargs)
     if done:
-        try:
-            _flush_done()
-        except Exception as exc:  # noqa: BLE001
-            fail("process_outputs.flush", exc)
+        _flush_done()
     return result
 
 
@@ -196,12 +190,12 @@ def _flush_done() -> None:
     for rec in finished:
         live.pop(rec.rid, None)
         if rec.handle is None:
-            request_emit.emit_request(rec, rec.done or now)
+            request_spans.emit_request(rec, rec.done or now)
 
 
 def wrap_finish_request(call: Callable[..., Any], instance: Any, args: tuple,
                         kwargs: dict) -> Any:
-    """Guarded: the request left the OutputProcessor normally."""
+    """The request left the OutputProcessor normally."""
     result = call(*args, **kwargs)
     req_state = args[0] if args else kwargs["req_state"]
     rec = live.get(req_state.request_id)
@@ -213,7 +207,7 @@ def wrap_finish_request(call: Callable[..., Any], instance: Any, args: tuple,
 
 def wrap_abort_requests(call: Callable[..., Any], instance: Any, args: tuple,
                         kwargs: dict) -> Any:
-    """Guarded: aborted requests (client gone, stop string, shutdown) are closed too."""
+    """Aborted requests (client gone, stop string, shutdown) are closed too."""
     aborted = call(*args, **kwargs)
     now = time.monotonic()
     for rid in aborted or ():
@@ -223,13 +217,13 @@ def wrap_abort_requests(call: Callable[..., Any], instance: Any, args: tuple,
         rec.aborted = rec.finish is None
         rec.done = rec.done or now
         if rec.handle is None:
-            request_emit.emit_request(rec, now)
+            request_spans.emit_request(rec, now)
     return aborted
 
 
 def wrap_propagate_error(call: Callable[..., Any], instance: Any, args: tuple,
                          kwargs: dict) -> Any:
-    """Guarded: an engine failure reaches every open request."""
+    """An engine failure reaches every open request."""
     exc = args[0] if args else kwargs.get("e")
     result = call(*args, **kwargs)
     now = time.monotonic()
@@ -238,13 +232,13 @@ def wrap_propagate_error(call: Callable[..., Any], instance: Any, args: tuple,
         rec.done = rec.done or now
         if rec.handle is None:
             live.pop(rid, None)
-            request_emit.emit_request(rec, now)
+            request_spans.emit_request(rec, now)
     return result
 
 
 def wrap_do_tracing(call: Callable[..., Any], instance: Any, args: tuple,
                     kwargs: dict) -> Any:
-    """Guarded: vLLM's ``llm_request`` becomes ours; its attributes are carried over."""
+    """vLLM's ``llm_request`` becomes ours; its attributes are carried over."""
     req_state = args[1] if len(args) > 1 else kwargs["req_state"]
     rec = live.get(req_state.request_id)
     if rec is None:
@@ -292,16 +286,12 @@ class _TimedSend:
         self.box.first = time.monotonic()
 
 
-async def wrap_stream_response(wrapped: Callable[..., Any], instance: Any, args: tuple,
+async def wrap_stream_response(call: Callable[..., Any], instance: Any, args: tuple,
                                kwargs: dict) -> Any:
+    send = args[0] if args else kwargs.pop("send")
+    box = FlushBox()
+    token = FLUSH.set(box)
     try:
-        send = args[0] if args else kwargs.pop("send")
-        box = FlushBox()
-        token = FLUSH.set(box)
-    except Exception as exc:  # noqa: BLE001
-        fail("stream_response", exc)
-        return await wrapped(*args, **kwargs)
-    try:
-        return await wrapped(_TimedSend(send, box), *args[1:], **kwargs)
+        return await call(_TimedSend(send, box), *args[1:], **kwargs)
     finally:
         FLUSH.reset(token)

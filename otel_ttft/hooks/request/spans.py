@@ -3,14 +3,15 @@
 The request span goes through the tracer as usual (sampling, ids, processors' ``on_start``). Its
 children are finished before they are made, so where the SDK allows it they are handed straight
 to the request span's processor as ``ReadableSpan`` objects: about 3 us each instead of 13 us
-through ``start_span``. Any other provider gets them through the public API.
+through ``start_span``. Any other provider gets them through the public API. Whether the
+children are built at all is the request-detail policy's call (``detail``); the request span always
+carries the stage durations.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import random
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,10 +19,12 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from otel_ttft import clock, metrics_request, semconv, spans
-from otel_ttft.hooks import request_record
-from otel_ttft.hooks.request_record import Req, fail
-from otel_ttft.hooks.request_timeline import PREEMPTED, SCHEDULED, Segment, stage_totals, tile
+from otel_ttft import clock, config, ids, semconv, spans
+from otel_ttft.hooks.request import detail as request_detail
+from otel_ttft.hooks.request import metrics as request_metrics
+from otel_ttft.hooks.request.payload import EnginePayload
+from otel_ttft.hooks.request.state import RequestRecord
+from otel_ttft.hooks.request.timeline import PREEMPTED, SCHEDULED, Segment, stage_totals, tile
 
 logger = logging.getLogger("otel_ttft")
 
@@ -53,7 +56,7 @@ class Children:
         parent_ctx = parent_ctx or self.parent_ctx
         if self.proc is not None and ReadableSpan is not None:
             try:
-                span_id = random.getrandbits(64) or 1
+                span_id = ids.new_span_id()
                 ctx = SpanContext(parent_ctx.trace_id, span_id, False, parent_ctx.trace_flags,
                                   parent_ctx.trace_state)
                 self.proc.on_end(ReadableSpan(
@@ -111,8 +114,9 @@ def emit_tree(*, parent: otel_context.Context, kind: SpanKind, start: float, end
               segments: list[Segment], first_decode: tuple[float, float] | None,
               warmup: list[tuple[str, str, float, float]], attributes: dict[str, Any],
               events: list[tuple[str, float, dict[str, Any]]], links: list[Link],
-              error: str | None) -> trace.Span:
-    """The request span and its stage children, all finished; returns the request span.
+              error: str | None, detail: str | None = semconv.DETAIL_ALL) -> trace.Span:
+    """The request span and, when ``detail`` says why (else only for the sampled share: see
+    ``detail``), its stage children, all finished; returns the request span.
 
     ``warmup`` holds (span name, stage, start, end) paid inside this request (adapter load,
     compile): each becomes a child of the stage segment it started in.
@@ -125,6 +129,14 @@ def emit_tree(*, parent: otel_context.Context, kind: SpanKind, start: float, end
     span.set_attributes(attributes)
     for name, ts, attrs in events:
         span.add_event(name, attrs, timestamp=ns(ts))
+    if detail is None and request_detail.sampled(span.get_span_context().trace_id):
+        detail = semconv.DETAIL_SAMPLED
+    if detail is None:
+        if error:
+            span.set_status(Status(StatusCode.ERROR, error))
+        span.end(end_time=ns(end))
+        return span
+    span.set_attribute(semconv.ATTR_REQUEST_DETAIL, detail)
     kids = Children(span)
     pending = sorted(warmup, key=lambda w: w[2])
     for seg in segments:
@@ -149,31 +161,27 @@ def emit_tree(*, parent: otel_context.Context, kind: SpanKind, start: float, end
 
 # --- building the spans --------------------------------------------------------------------------
 
+# (SamplingParams field, attribute, the value that means "not set": then the attribute is left
+# out, as the GenAI conventions ask for choice.count; each attribute costs encoding per request)
 _PARAMS = (
-    ("temperature", semconv.GEN_AI_REQUEST_TEMPERATURE),
-    ("top_p", semconv.GEN_AI_REQUEST_TOP_P),
-    ("top_k", semconv.GEN_AI_REQUEST_TOP_K),
-    ("max_tokens", semconv.GEN_AI_REQUEST_MAX_TOKENS),
-    ("frequency_penalty", semconv.GEN_AI_REQUEST_FREQUENCY_PENALTY),
-    ("presence_penalty", semconv.GEN_AI_REQUEST_PRESENCE_PENALTY),
-    ("seed", semconv.GEN_AI_REQUEST_SEED),
-    ("n", semconv.GEN_AI_REQUEST_CHOICE_COUNT),
+    ("temperature", semconv.GEN_AI_REQUEST_TEMPERATURE, None),
+    ("top_p", semconv.GEN_AI_REQUEST_TOP_P, 1.0),
+    ("top_k", semconv.GEN_AI_REQUEST_TOP_K, 0),
+    ("max_tokens", semconv.GEN_AI_REQUEST_MAX_TOKENS, None),
+    ("frequency_penalty", semconv.GEN_AI_REQUEST_FREQUENCY_PENALTY, 0.0),
+    ("presence_penalty", semconv.GEN_AI_REQUEST_PRESENCE_PENALTY, 0.0),
+    ("seed", semconv.GEN_AI_REQUEST_SEED, None),
+    ("n", semconv.GEN_AI_REQUEST_CHOICE_COUNT, 1),
 )
 
 
-def emit_request(rec: Req, now: float) -> None:
-    try:
-        _emit_unguarded(rec, now)
-    except Exception as exc:  # noqa: BLE001
-        fail("emit", exc)
-
-
-def _emit_unguarded(rec: Req, now: float) -> None:
+def emit_request(rec: RequestRecord, now: float) -> None:
+    """The request's span tree and metric samples (its hooks' failure rule applies)."""
     handle = rec.handle
     end = now if handle is not None else (rec.done or now)
-    eng = rec.engine or {}
-    queued = rec.queued if rec.queued is not None else eng.get("queued")
-    schedule = rec.schedule or eng.get("schedule") or []
+    eng = rec.engine
+    queued = rec.queued if rec.queued is not None or eng is None else eng.queued
+    schedule = rec.schedule or (eng.schedule if eng is not None else [])
     if rec.first_tok is not None and not rec.schedule:
         for kind, ts in schedule:
             if kind == PREEMPTED and ts >= rec.first_tok:
@@ -186,12 +194,19 @@ def _emit_unguarded(rec: Req, now: float) -> None:
             # The first chunk written to the client if we saw it, else the hand-off to it.
             flushed = handle.flush.first if handle.flush is not None else None
             ttft_end = max(flushed or handle.first_out, rec.recv)
-    segments = tile(rec.arrival, queued, schedule, rec.first_tok, ttft_end, end)
+    # Rejected on arrival: nothing ran, so no stage tiles its (absent) TTFT.
+    segments = ([] if rec.rejected is not None
+                else tile(rec.arrival, queued, schedule, rec.first_tok, ttft_end, end))
     ttft = (ttft_end - rec.arrival) if ttft_end is not None else None
     first_decode = ((rec.first_tok, rec.second_tok)
                     if rec.first_tok is not None and rec.second_tok is not None else None)
 
     attrs = _attributes(rec, eng, ttft, schedule)
+    stages = stage_totals(segments) if ttft is not None else {}
+    if first_decode is not None:
+        stages[semconv.STAGE_FIRST_DECODE] = first_decode[1] - first_decode[0]
+    for stage, seconds in stages.items():
+        attrs[semconv.REQUEST_STAGE_SECONDS[stage]] = seconds
     events = [(semconv.EVENT_REQUEST_PREEMPTED, ts, {semconv.ATTR_EVENT_BEFORE_FIRST_TOKEN: True})
               for kind, ts in schedule if kind == PREEMPTED
               and (rec.first_tok is None or ts < rec.first_tok)]
@@ -208,33 +223,49 @@ def _emit_unguarded(rec: Req, now: float) -> None:
         parent, kind = parent_context(handle.headers, handle.context)
     else:
         parent, kind = parent_context(rec.trace_headers, None)
-    error = rec.error or (handle.error if handle is not None else None)
+    error = rec.rejected or rec.error or (handle.error if handle is not None else None)
+    aborted = attrs.get(semconv.ATTR_REQUEST_ABORTED, False)
+    warmup = _warmup_spans(eng)
+    detail = request_detail.reason(cold=rec.cold or bool(warmup), ttft=ttft,
+                                   failed=bool(error or aborted), model=rec.model)
     span = emit_tree(
         parent=parent, kind=kind, start=rec.arrival, end=max(end, ttft_end or end),
-        segments=segments, first_decode=first_decode, warmup=_warmup_spans(eng),
-        attributes=attrs, events=events, links=links, error=error)
+        segments=segments, first_decode=first_decode, warmup=warmup,
+        attributes=attrs, events=events, links=links, error=error, detail=detail)
 
-    stages = stage_totals(segments) if ttft is not None else {}
-    if first_decode is not None:
-        stages[semconv.STAGE_FIRST_DECODE] = first_decode[1] - first_decode[0]
-    total = eng.get("total")
-    usage = (1.0 - eng["free"] / total) if total and eng.get("free") is not None else None
+    usage = (1.0 - eng.free / eng.total) if eng is not None and eng.total else None
     ctx = trace.set_span_in_context(span) if span.get_span_context().is_valid else None
-    metrics_request.record_request(ttft, stages, rec.model, rec.cold, eng.get("waiting"), usage,
-                                   context=ctx)
+    request_metrics.record_request(ttft, stages, rec.model, rec.cold,
+                                   eng.waiting if eng is not None else None, usage,
+                                   context=ctx, operation=operation_name(rec.ext_id))
 
 
-def _warmup_spans(eng: dict[str, Any]) -> list[tuple[str, str, float, float]]:
+def _warmup_spans(eng: EnginePayload | None) -> list[tuple[str, str, float, float]]:
+    if eng is None:
+        return []
     out = [(semconv.SPAN_TORCH_COMPILE, semconv.STAGE_WARMUP_COMPILE, s, e)
-           for s, e in eng.get("compile") or ()]
-    if eng.get("adapter") is not None:
-        out.append((semconv.SPAN_ADAPTER_LOAD, semconv.STAGE_WARMUP_ADAPTER, *eng["adapter"]))
+           for s, e in eng.compile]
+    if eng.adapter is not None:
+        out.append((semconv.SPAN_ADAPTER_LOAD, semconv.STAGE_WARMUP_ADAPTER, *eng.adapter))
     return out
 
 
-def _attributes(rec: Req, eng: dict[str, Any], ttft: float | None,
+_CHAT_PREFIXES = ("chatcmpl-", "resp-")  # vLLM's request ids: chat completions, responses
+
+
+def operation_name(external_id: str) -> str:
+    """``gen_ai.operation.name`` from vLLM's request id (``chatcmpl-...`` for chat; completions
+    and offline ``generate`` are text completions)."""
+    if external_id.startswith(_CHAT_PREFIXES):
+        return semconv.GEN_AI_OPERATION_CHAT
+    return semconv.GEN_AI_OPERATION_TEXT_COMPLETION
+
+
+def _attributes(rec: RequestRecord, eng: EnginePayload | None, ttft: float | None,
                 schedule: list[tuple[str, float]]) -> dict[str, Any]:
-    attrs: dict[str, Any] = {semconv.VLLM_REQUEST_ID: rec.ext_id}
+    attrs: dict[str, Any] = {semconv.VLLM_REQUEST_ID: rec.ext_id,
+                             semconv.GEN_AI_OPERATION_NAME: operation_name(rec.ext_id),
+                             semconv.GEN_AI_PROVIDER_NAME: semconv.GEN_AI_PROVIDER_VLLM}
     if rec.vllm:
         attrs.update({k: v for k, v in rec.vllm.items() if v is not None})
     if rec.model:
@@ -247,9 +278,10 @@ def _attributes(rec: Req, eng: dict[str, Any], ttft: float | None,
         attrs[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = rec.cached
     params = rec.params
     if params is not None:
-        for name, key in _PARAMS:
+        for name, key, unset in _PARAMS:
             value = getattr(params, name, None)
-            if value is not None and isinstance(value, (int, float)) and value != -1:
+            if value is not None and isinstance(value, (int, float)) and value != -1 \
+                    and value != unset:
                 attrs[key] = value
     handle = rec.handle
     finish = handle.finish if handle is not None and handle.finish else (
@@ -263,29 +295,28 @@ def _attributes(rec: Req, eng: dict[str, Any], ttft: float | None,
     if rec.aborted or (handle is not None and handle.aborted and not finish):
         attrs[semconv.ATTR_REQUEST_ABORTED] = True
     attrs[semconv.ATTR_REQUEST_SCHEDULE_KNOWN] = any(k == SCHEDULED for k, _ in schedule)
-    if eng:
-        if "attempts" in eng:
-            admitted = sum(1 for kind, ts in schedule if kind == SCHEDULED
-                           and (rec.first_tok is None or ts < rec.first_tok))
-            attrs[semconv.ATTR_REQUEST_ADMISSION_FAILED] = max(0, eng["attempts"] - admitted)
-        for key, attr in (("waiting", semconv.ATTR_REQUEST_ARRIVAL_WAITING),
-                          ("running", semconv.ATTR_REQUEST_ARRIVAL_RUNNING),
-                          ("free", semconv.ATTR_REQUEST_ARRIVAL_KV_FREE),
-                          ("total", semconv.ATTR_REQUEST_ARRIVAL_KV_TOTAL)):
-            if key in eng:
-                attrs[attr] = eng[key]
-        if eng.get("total"):
-            attrs[semconv.ATTR_REQUEST_ARRIVAL_KV_USAGE] = 1.0 - eng["free"] / eng["total"]
+    if rec.rejected is not None:
+        attrs[semconv.ATTR_REQUEST_REJECTED] = True
+    if eng is not None:
+        admitted = sum(1 for kind, ts in schedule if kind == SCHEDULED
+                       and (rec.first_tok is None or ts < rec.first_tok))
+        attrs[semconv.ATTR_REQUEST_ADMISSION_FAILED] = max(0, eng.attempts - admitted)
+        attrs[semconv.ATTR_REQUEST_ARRIVAL_WAITING] = eng.waiting
+        attrs[semconv.ATTR_REQUEST_ARRIVAL_RUNNING] = eng.running
+        attrs[semconv.ATTR_REQUEST_ARRIVAL_KV_FREE] = eng.free
+        attrs[semconv.ATTR_REQUEST_ARRIVAL_KV_TOTAL] = eng.total
+        if eng.total:
+            attrs[semconv.ATTR_REQUEST_ARRIVAL_KV_USAGE] = 1.0 - eng.free / eng.total
     if rec.lora is not None:
         attrs[semconv.ATTR_LORA_NAME] = rec.lora.lora_name
         attrs[semconv.ATTR_LORA_ID] = rec.lora.lora_int_id
-        adapter = eng.get("adapter")
+        adapter = eng.adapter if eng is not None else None
         if adapter is not None:
             attrs[semconv.ATTR_LORA_LOAD_SECONDS] = adapter[1] - adapter[0]
             rec.cold = True  # it paid for its adapter's activation
             attrs[semconv.ATTR_ACTIVATION_KIND] = "adapter"
-    if eng.get("compile"):
-        attrs[semconv.ATTR_REQUEST_COMPILE_SECONDS] = sum(e - s for s, e in eng["compile"])
+    if eng is not None and eng.compile:
+        attrs[semconv.ATTR_REQUEST_COMPILE_SECONDS] = sum(e - s for s, e in eng.compile)
         rec.cold = True  # it waited for warm-up work
     act = rec.activation
     if act is not None:
@@ -295,7 +326,7 @@ def _attributes(rec: Req, eng: dict[str, Any], ttft: float | None,
             attrs[semconv.ATTR_REQUEST_SINCE_READY] = (
                 clock.monotonic_to_epoch_ns(rec.arrival) - act.ready_ns) / 1e9
     attrs[semconv.ATTR_REQUEST_COLD] = rec.cold
-    if request_record.CAPTURE_CONTENT:
+    if config.current.capture_content:
         if rec.prompt is not None:
             attrs[semconv.GEN_AI_INPUT_MESSAGES] = json.dumps(
                 [{"role": "user", "parts": [{"type": "text", "content": rec.prompt}]}])

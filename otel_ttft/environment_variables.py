@@ -1,0 +1,53 @@
+"""Every environment variable otel-ttft reads, one constant each (the contrib habit).
+
+Instrumentation settings are read once, when the instrumentor runs (``config.Config.from_env``),
+into one frozen config; the exit and snapshot settings when the process sets up its exporters;
+the cache directory by the commands that build the tiny test models. Set them in the environment
+of ``vllm serve`` / ``opentelemetry-instrument``: every vLLM process (API server, EngineCore,
+workers) inherits them. ``scripts/setup`` alone reads ``OTEL_TTFT_VLLM_FLAVOR`` (``cpu`` or
+``cuda``: which vLLM build to install, overriding the GPU detection).
+"""
+
+OTEL_TTFT_DISABLED_HOOKS = "OTEL_TTFT_DISABLED_HOOKS"
+"""Comma-separated hook names to leave unwrapped (``otel-ttft doctor`` lists the names).
+Default: none."""
+
+OTEL_TTFT_COLD_REQUESTS = "OTEL_TTFT_COLD_REQUESTS"
+"""How many requests after an activation (start, wake-up, switch) count as cold
+(``ttft.request.cold``). Default: 3; a non-number reads as the default, a negative as 0."""
+
+OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT = (
+    "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT")
+"""``true`` records prompt and output text (``gen_ai.input.messages`` /
+``gen_ai.output.messages``) on request spans; anything else, the default, records none. The
+GenAI instrumentations' shared name."""
+
+OTEL_TTFT_EXIT_TIMEOUT_MS = "OTEL_TTFT_EXIT_TIMEOUT_MS"
+"""Deadline for each vLLM process's final flush at exit, in milliseconds. Default: 500."""
+
+OTEL_TTFT_SNAPSHOT_AFTER_S = "OTEL_TTFT_SNAPSHOT_AFTER_S"
+"""Export a snapshot of an activation span still open after this many seconds (a hang shows
+before it ends); 0 turns snapshots off. Default: 60."""
+
+OTEL_TTFT_CACHE = "OTEL_TTFT_CACHE"
+"""Parent directory of the tiny test models (``otel-ttft tiny-model``). Default:
+``~/.cache/otel-ttft``."""
+
+OTEL_TTFT_REQUEST_DETAIL = "OTEL_TTFT_REQUEST_DETAIL"
+"""Which requests get their stage child spans (every request keeps its ``llm_request`` with the
+stage durations as attributes): ``auto`` (default) cold, slow, tail, failed and a sampled share;
+``all`` every request; ``none`` no request. Anything else reads as ``auto``."""
+
+OTEL_TTFT_REQUEST_DETAIL_SLOW_MS = "OTEL_TTFT_REQUEST_DETAIL_SLOW_MS"
+"""``auto``: a request whose TTFT is above this many milliseconds gets its children. Default:
+1000."""
+
+OTEL_TTFT_REQUEST_DETAIL_RATIO = "OTEL_TTFT_REQUEST_DETAIL_RATIO"
+"""``auto``: the share of the other requests that get their children, chosen by trace id (0..1).
+Default: 0.01."""
+
+DEFAULT_COLD_REQUESTS = 3
+DEFAULT_REQUEST_DETAIL_SLOW_MS = 1000.0
+DEFAULT_REQUEST_DETAIL_RATIO = 0.01
+DEFAULT_EXIT_TIMEOUT_MS = 500
+DEFAULT_SNAPSHOT_AFTER_S = 60.0

@@ -1,0 +1,192 @@
+"""Per-request state in the API process: the record of one engine request and the handle of one
+``generate`` call. Times are ``time.monotonic()`` seconds (host-wide: EngineCore's compare)."""
+
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import metrics, trace
+
+from otel_ttft import config
+from otel_ttft.hooks.request import payload
+from otel_ttft.hooks.request.payload import EnginePayload
+from otel_ttft.hooks.request.timeline import PREEMPTED, SCHEDULED
+from otel_ttft.semconv import ENGINE_PAYLOAD_HEADER as PAYLOAD_HEADER
+
+
+@cache
+def _event_types() -> tuple[int, int, int]:
+    """vLLM's ``EngineCoreEventType`` values for QUEUED, SCHEDULED, PREEMPTED, looked up once."""
+    from vllm.v1.engine import EngineCoreEventType as T
+
+    return int(T.QUEUED), int(T.SCHEDULED), int(T.PREEMPTED)
+
+
+def telemetry_on() -> bool:
+    """Whether a tracer or meter provider exists yet: without one, tracking would be waste."""
+    global _telemetry
+    if not _telemetry:
+        cfg = config.current
+        _telemetry = (cfg.tracer_provider is not None or cfg.meter_provider is not None
+                      or not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+                      or hasattr(metrics.get_meter_provider(), "force_flush"))
+    return _telemetry
+
+
+_telemetry = False
+
+
+@dataclass(slots=True, eq=False)
+class FlushBox:
+    """When the first body chunk after our first output left for the client."""
+
+    armed: bool = False
+    """Set once ``generate`` handed over its first output."""
+    first: float | None = None
+    """When the server finished writing that chunk."""
+
+
+@dataclass(slots=True, eq=False)
+class Handle:
+    """One ``generate`` call: its parent context and what the HTTP layer was given."""
+
+    headers: Any
+    """The caller's ``trace_headers`` (``traceparent``), for the parent when no span is current."""
+    context: otel_context.Context | None
+    """The context current when ``generate`` was called (the HTTP server span, if any)."""
+    model: str | None
+    """The served model name."""
+    streaming: bool
+    """Outputs stream to the client (TTFT ends at the first chunk, not at the last)."""
+    delta: bool = False
+    """Outputs are deltas (``RequestOutputKind.DELTA``): captured text is concatenated."""
+    records: list[RequestRecord] = field(default_factory=list)
+    """The engine requests of this call (``n > 1`` makes several)."""
+    first_out: float | None = None
+    """When the first output was handed to the HTTP layer."""
+    finish: list[str] | None = None
+    """Finish reasons of the final output, once it was handed over."""
+    texts: dict[int, str] | None = None
+    """Output text per choice; only with content capture opted in."""
+    error: str | None = None
+    """vLLM's error, if ``generate`` raised."""
+    aborted: bool = False
+    """The consumer left (closed or cancelled the stream) before the final output."""
+    flush: FlushBox | None = None
+    """The HTTP response streaming this request, if any."""
+
+
+@dataclass(slots=True, eq=False)
+class RequestRecord:
+    """One engine request, from ``OutputProcessor.add_request`` until its span is emitted."""
+
+    rid: str
+    """vLLM's internal request id."""
+    ext_id: str
+    """The external (client-facing) request id."""
+    handle: Handle | None
+    """Its ``generate`` call; ``None`` for offline ``LLMEngine`` requests."""
+    arrival: float
+    """vLLM's arrival time (the request span's start)."""
+    model: str | None = None
+    """Served model or LoRA adapter name."""
+    params: Any = None
+    """vLLM's ``SamplingParams``."""
+    prompt_len: int | None = None
+    """Prompt tokens."""
+    prompt: str | None = None
+    """Prompt text; only with content capture opted in."""
+    lora: Any = None
+    """vLLM's ``LoRARequest``, if any."""
+    trace_headers: Any = None
+    """The request's ``trace_headers`` (parent of offline requests)."""
+    queued: float | None = None
+    """vLLM's QUEUED event time (EngineCore received it)."""
+    schedule: list[tuple[str, float]] = field(default_factory=list)
+    """(``SCHEDULED``|``PREEMPTED``, time) before the first token, from vLLM's events."""
+    first_tok: float | None = None
+    """EngineCore's timestamp of the step that produced the first token."""
+    second_tok: float | None = None
+    """The same for the second token (``first_decode``)."""
+    recv: float | None = None
+    """When the API process received the first output."""
+    out_tokens: int = 0
+    """Output tokens received."""
+    cached: int | None = None
+    """Prompt tokens served from the prefix cache."""
+    engine: EnginePayload | None = None
+    """What EngineCore noted (queue depth, KV blocks, admission attempts, warm-up)."""
+    late_preemptions: list[float] = field(default_factory=list)
+    """Preemptions after the first token (span events, not segments)."""
+    finish: str | None = None
+    """The engine's finish reason."""
+    rejected: str | None = None
+    """vLLM's error when the engine rejected it on arrival (``EngineCoreOutput.error``)."""
+    aborted: bool = False
+    """Aborted before its final output reached the caller."""
+    error: str | None = None
+    """An engine failure that reached it."""
+    done: float | None = None
+    """When the OutputProcessor let it go."""
+    vllm: dict[str, Any] | None = None
+    """vLLM's own ``llm_request`` attributes, when its tracing is on."""
+    cold: bool = False
+    """It paid for an activation: among the first requests after one, or it waited for
+    warm-up work."""
+    cold_index: int = 0
+    """Its position among the requests since the latest activation (1 = first)."""
+    activation: Any = None
+    """The latest activation (``hooks.activation``) when it arrived."""
+
+    # -- what the first output says (once) -------------------------------------------------------
+    def on_first(self, eco: Any, ts: float, now: float) -> None:
+        self.recv = now
+        error = getattr(eco, "error", None)  # vLLM >= 0.33: rejected on arrival, nothing ran
+        if error is not None:
+            self.rejected = f"{getattr(error, 'code', 'error')}: {getattr(error, 'message', '')}"
+        elif eco.new_token_ids or getattr(eco, "pooling_output", None) is not None:
+            self.first_tok = ts
+        self.out_tokens += len(eco.new_token_ids)
+        if eco.events:
+            self.on_events(eco.events)
+        headers = eco.trace_headers
+        if headers and PAYLOAD_HEADER in headers:
+            rest = {k: v for k, v in headers.items() if k != PAYLOAD_HEADER}
+            eco.trace_headers = rest or None
+            self.engine = payload.decode(headers[PAYLOAD_HEADER])
+        stats = getattr(eco, "prefill_stats", None)
+        if stats is not None:
+            self.cached = stats.num_cached_tokens
+        if eco.finish_reason is not None:
+            self.finish = str(eco.finish_reason)
+
+    def on_events(self, events: Any) -> None:
+        queued, scheduled, preempted = _event_types()
+        for ev in events:
+            kind = int(ev.type)
+            if kind == queued:
+                if self.queued is None:
+                    self.queued = ev.timestamp
+            elif kind == scheduled:
+                self.schedule.append((SCHEDULED, ev.timestamp))
+            elif kind == preempted:
+                if self.first_tok is not None and ev.timestamp >= self.first_tok:
+                    self.late_preemptions.append(ev.timestamp)
+                else:
+                    self.schedule.append((PREEMPTED, ev.timestamp))
+
+
+live: dict[str, RequestRecord] = {}
+"""Internal request id -> record, until its outputs stop."""
+done: list[RequestRecord] = []
+"""Finished inside ``process_outputs``; emitted once vLLM's own tracing ran."""
+HANDLE: contextvars.ContextVar[Handle | None] = contextvars.ContextVar("otel_ttft_request",
+                                                                         default=None)
+"""The ``generate`` call whose first step is running (read by ``add_request``)."""
+FLUSH: contextvars.ContextVar[FlushBox | None] = contextvars.ContextVar("otel_ttft_flush",
+                                                                       default=None)
+"""The streaming HTTP response this task writes, if any (read by ``generate``)."""
