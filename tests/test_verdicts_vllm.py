@@ -5,8 +5,9 @@ One server, started with compile skipped at start-up (``VLLM_CPU_CI_ENV=1``, so 
 request carries the torch.compile), a 2,048-token context (a long prompt's prefill takes four
 512-token chunks, so it dominates its extra tokenizing even on a loaded machine), prefix caching
 off (repeats of one prompt would otherwise share its blocks and skip its prefill) and 17 KV
-blocks of 128 tokens (one long prompt takes 16, so concurrent ones wait for admission). Two replay runs with fixed client settings each: concurrency 1 (first request, warm
-short prompts, long prompts) and concurrency 6 (short prompts that fit, long ones that do not).
+blocks of 128 tokens (one long prompt takes 16, so concurrent ones wait for admission). Two
+replay runs with fixed client settings each: concurrency 1 (first request, warm short prompts,
+long prompts) and concurrency 6 (short prompts that fit, long ones that do not).
 """
 
 from __future__ import annotations
