@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from otel_ttft import cli, semconv
+from otel_ttft import environment_variables as env_names
 from otel_ttft.replay.client import ChatClient, Sampling, make_tracer_provider
 from otel_ttft.replay.prompts import build_prompts, tokenizer_counter
 from otel_ttft.replay.server import VllmServer
@@ -92,7 +93,9 @@ def _verdict(doc: dict, scenario: str) -> dict:
 def test_verdicts_name_the_cause_the_test_made(receiver, tiny_model, tmp_path, capsys):
     model = str(tiny_model)
     env = {**EXPORT_ENV, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.http_endpoint,
-           "VLLM_CPU_CI_ENV": "1"}
+           "VLLM_CPU_CI_ENV": "1",
+           # what users get: one span per request with its stage durations, children for a few
+           env_names.OTEL_TTFT_REQUEST_DETAIL: semconv.DETAIL_AUTO}
     args = ("--num-gpu-blocks-override", str(KV_BLOCKS), "--max-model-len", str(MAX_MODEL_LEN),
             "--no-enable-prefix-caching")
     provider = make_tracer_provider(receiver.http_endpoint)
