@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import urllib.request
 from collections import Counter
 from pathlib import Path
@@ -119,7 +120,12 @@ def assert_complete_activation(root, spans, model_dir, *, plugin_only=False):
 
 def test_activation_under_opentelemetry_instrument_with_torch_compile(receiver, tiny_model,
                                                                       tmp_path):
+    # A private copy: another vLLM reading the shared checkpoint between our eviction and this
+    # server's read would make the shards resident again.
+    tiny_model = Path(shutil.copytree(tiny_model, tmp_path / tiny_model.name))
     for shard in checkpoint_files(tiny_model):
+        with open(shard, "rb+") as f:
+            os.fsync(f.fileno())  # written back first: only clean pages can be dropped
         pagecache.evict(shard)  # a cold read, as after a model switch
     env = {**EXPORT_ENV, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.http_endpoint}
     with VllmServer(tiny_model, env=env, log_path=tmp_path / "server.log") as server:

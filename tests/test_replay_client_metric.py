@@ -233,10 +233,10 @@ def test_client_ttft_panel_on_a_real_prometheus(chat_url, receiver, tmp_path):
     """Two replays exported over OTLP/HTTP to our receiver, the points as the Collector would
     expose them backfilled into Prometheus 2.42: every client quantile query returns, per model
     and cold/warm, a value inside the buckets of the second replay's measured TTFTs."""
-    from otel_ttft.prom.exposition import openmetrics_history
-
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+    from otel_ttft.prom.exposition import openmetrics_history
 
     # Exports only when each replay flushes at its end: a periodic export in the middle of the
     # first replay (5 s on a loaded machine) would put some of its requests into the rate window.
