@@ -19,8 +19,13 @@ are printed next to them.
 stacks of the API server and EngineCore), summarised by the share of samples in our code, in the
 OpenTelemetry SDK/exporter and in vLLM.
 
+``--rate R`` paces the client (open loop, R requests/s) so that both arms take the same wall time
+(vLLM's API process does work per second as well as per request: with a closed loop, the slower
+arm pays more of it per request): plain vLLM alone swings by +-15 % from round to round
+closed-loop on this 2-core machine.
+
 Usage: python benchmarks/request_overhead.py [--rounds 6] [--requests 300] [--concurrency 4]
-       [--max-tokens 16] [--profile DIR] [--json FILE]
+       [--max-tokens 16] [--rate R] [--profile DIR] [--json FILE]
 """
 
 from __future__ import annotations
@@ -88,10 +93,23 @@ def one(port: int, model: str, prompt: list[int], max_tokens: int) -> tuple[floa
 
 
 def run(server: VllmServer, model: str, prompts: list[list[int]], max_tokens: int,
-        concurrency: int) -> dict:
+        concurrency: int, rate: float | None = None) -> dict:
+    """All prompts, streamed: ``concurrency`` at a time (closed loop), or, with ``rate``, one
+    started every ``1/rate`` s whatever the server does (open loop: both arms then take the same
+    wall time, so per-second work in the server weighs the same on both)."""
     t0 = time.monotonic()
-    with ThreadPoolExecutor(concurrency) as pool:
-        results = list(pool.map(lambda p: one(server.port, model, p, max_tokens), prompts))
+    if rate is None:
+        with ThreadPoolExecutor(concurrency) as pool:
+            results = list(pool.map(lambda p: one(server.port, model, p, max_tokens), prompts))
+    else:
+        def paced(item: tuple[int, list[int]]) -> tuple[float, int]:
+            delay = t0 + item[0] / rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            return one(server.port, model, item[1], max_tokens)
+
+        with ThreadPoolExecutor(max(concurrency, int(rate * 4) + 4)) as pool:
+            results = list(pool.map(paced, enumerate(prompts)))
     wall = time.monotonic() - t0
     return {"wall_s": wall, "tokens": sum(c for _, c in results),
             "tokens_per_s": sum(c for _, c in results) / wall,
@@ -176,11 +194,11 @@ def thread_names(pid: int) -> dict[int, str]:
 
 def measured_run(server: VllmServer, roles: dict[str, list[int]], model: str,
                  prompts: list[list[int]], max_tokens: int, concurrency: int,
-                 settle_s: float) -> dict:
+                 settle_s: float, rate: float | None = None) -> dict:
     """One run with each process's CPU-seconds, counted to ``settle_s`` after the last reply."""
     before = {role: cpu_seconds(pids) for role, pids in roles.items()}
     api_before = thread_cpu(server.pid)
-    res = run(server, model, prompts, max_tokens, concurrency)
+    res = run(server, model, prompts, max_tokens, concurrency, rate)
     time.sleep(settle_s)
     res["cpu_s"] = {role: cpu_seconds(pids) - before[role] for role, pids in roles.items()}
     res["api_threads_s"] = {tid: t - api_before.get(tid, 0.0)
@@ -273,6 +291,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=300)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--rate", type=float, default=None,
+                    help="open loop: start this many requests per second (default: closed loop)")
     ap.add_argument("--settle-s", type=float, default=1.5,
                     help="CPU counted this long after each run (the exporter's last batch)")
     ap.add_argument("--profile", help="directory: one extra instrumented run under py-spy")
@@ -311,7 +331,7 @@ def main() -> None:
                 pause(server, False)
                 try:
                     res = measured_run(server, roles[name], model, prompts, args.max_tokens,
-                                       args.concurrency, args.settle_s)
+                                       args.concurrency, args.settle_s, args.rate)
                 finally:
                     pause(server, True)
                 results[name].append(res)
@@ -369,6 +389,7 @@ def main() -> None:
     figures = {
         "rounds": args.rounds, "requests_per_run": n, "concurrency": args.concurrency,
         "max_tokens": args.max_tokens, "instrumented_env": extra,
+        "rate_req_s": args.rate,
         "load_average_1m": {"min": min(load), "max": max(load)},
         "cpu_api": ratio("api"), "cpu_engine_core": ratio("engine"),
         "cpu_worker": ratio("worker"),

@@ -25,7 +25,8 @@ class Config:
     disabled_hooks: frozenset[str] = frozenset()
     """Hook names left unwrapped."""
     request_detail: str = "auto"
-    """Which requests get their stage children: auto | all | none (``request.detail``)."""
+    """Which requests get a span and stage children: auto | spans | all | none
+    (``hooks.request.detail``)."""
     detail_slow_s: float = env.DEFAULT_REQUEST_DETAIL_SLOW_MS / 1000
     """``auto``: TTFT above this gets children."""
     detail_ratio: float = env.DEFAULT_REQUEST_DETAIL_RATIO
@@ -52,7 +53,7 @@ class Config:
             == "true",
             cold_requests=cold,
             disabled_hooks=frozenset(n.strip() for n in disabled.split(",") if n.strip()),
-            request_detail=detail if detail in ("auto", "all", "none") else "auto",
+            request_detail=detail if detail in ("auto", "spans", "all", "none") else "auto",
             detail_slow_s=_float(environ, env.OTEL_TTFT_REQUEST_DETAIL_SLOW_MS,
                                  env.DEFAULT_REQUEST_DETAIL_SLOW_MS) / 1000,
             detail_ratio=min(1.0, max(0.0, _float(environ, env.OTEL_TTFT_REQUEST_DETAIL_RATIO,

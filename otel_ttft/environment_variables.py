@@ -34,17 +34,20 @@ OTEL_TTFT_CACHE = "OTEL_TTFT_CACHE"
 ``~/.cache/otel-ttft``."""
 
 OTEL_TTFT_REQUEST_DETAIL = "OTEL_TTFT_REQUEST_DETAIL"
-"""Which requests get their stage child spans (every request keeps its ``llm_request`` with the
-stage durations as attributes): ``auto`` (default) cold, slow, tail, failed and a sampled share;
-``all`` every request; ``none`` no request. Anything else reads as ``auto``."""
+"""Which requests get their ``llm_request`` span (stage durations as attributes) and its stage
+child spans; every request is counted in the metrics either way. ``auto`` (default): span and
+children for cold, slow, tail, failed requests and a sampled share, and the span for any request
+the caller traces (a sampled ``traceparent``); ``spans``: every request's span, children as in
+``auto``; ``all``: every request, span and children; ``none``: no children, spans only for the
+requests the caller traces. Anything else reads as ``auto``."""
 
 OTEL_TTFT_REQUEST_DETAIL_SLOW_MS = "OTEL_TTFT_REQUEST_DETAIL_SLOW_MS"
-"""``auto``: a request whose TTFT is above this many milliseconds gets its children. Default:
-1000."""
+"""``auto``/``spans``: a request whose TTFT is above this many milliseconds gets its span and
+children. Default: 1000."""
 
 OTEL_TTFT_REQUEST_DETAIL_RATIO = "OTEL_TTFT_REQUEST_DETAIL_RATIO"
-"""``auto``: the share of the other requests that get their children, chosen by trace id (0..1).
-Default: 0.01."""
+"""``auto``/``spans``: the share of the other requests that get their span and children (0..1;
+by the caller's trace id when it traces the request). Default: 0.01."""
 
 DEFAULT_COLD_REQUESTS = 3
 DEFAULT_REQUEST_DETAIL_SLOW_MS = 1000.0

@@ -59,3 +59,8 @@ def uninstall() -> None:
 def new_span_id() -> int:
     """A span id from the private generator (child spans we build as finished ``ReadableSpan``)."""
     return _private.getrandbits(64) or 1
+
+
+def chance(ratio: float) -> bool:
+    """True with probability ``ratio``, from the private generator (vLLM seeds ``random``)."""
+    return _private.random() < ratio

@@ -216,7 +216,9 @@ ATTR_LINK_KIND = "ttft.link.kind"
 LINK_KIND_ACTIVATION = "activation"
 
 METRIC_SERVER_TTFT = "gen_ai.server.time_to_first_token"  # histogram, s
-METRIC_REQUEST_STAGE_DURATION = "ttft.request.stage.duration"  # histogram, s; ttft.stage label
+# counter, s; ttft.stage label: seconds requests spent in each stage (summed in-process, read at
+# export: no SDK call per request). Mean per request: its rate over the TTFT histogram's count.
+METRIC_REQUEST_STAGE_TIME = "ttft.request.stage.time"
 METRIC_REQUEST_ARRIVAL_WAITING = "ttft.request.arrival.waiting_requests"  # gauge, latest arrival
 METRIC_REQUEST_ARRIVAL_KV_USAGE = "ttft.request.arrival.kv_usage"  # gauge, ratio, latest arrival
 TTFT_BUCKETS_S = (
@@ -331,8 +333,9 @@ GEN_AI_PROVIDER_VLLM = "vllm"
 ATTR_REQUEST_REJECTED = "ttft.request.rejected"
 
 # --- issue 9 (cost): the request-detail policy ---------------------------------------------------
-# Every llm_request carries its TTFT stages as durations (s); its stage child spans are built only
-# for the requests that need explaining (cold, slow, the model's tail, errors, a sampled share).
+# An llm_request span carries its TTFT stages as durations (s). By default only the requests that
+# need explaining (cold, slow, the model's tail, errors, a sampled share) get a span (with its stage
+# children), and those the caller traces; every request is counted in the metrics.
 ATTR_REQUEST_STAGE_FRONTEND_SECONDS = "ttft.request.stage.frontend.seconds"  # input + output
 ATTR_REQUEST_STAGE_QUEUE_SECONDS = "ttft.request.stage.queue.seconds"
 ATTR_REQUEST_STAGE_PREFILL_SECONDS = "ttft.request.stage.prefill.seconds"
@@ -346,5 +349,5 @@ REQUEST_STAGE_SECONDS = {
 ATTR_REQUEST_DETAIL = "ttft.request.detail"  # why the children were built; absent: they were not
 DETAIL_ALL, DETAIL_COLD, DETAIL_SLOW, DETAIL_TAIL, DETAIL_ERROR, DETAIL_SAMPLED = (
     "all", "cold", "slow", "tail", "error", "sampled")
-DETAIL_AUTO, DETAIL_NONE = "auto", "none"  # OTEL_TTFT_REQUEST_DETAIL's other values
+DETAIL_AUTO, DETAIL_SPANS, DETAIL_NONE = "auto", "spans", "none"  # the policy's other values
 REQUEST_DETAIL_TAIL_QUANTILE = 0.95  # per model, over its latest 256 requests

@@ -15,9 +15,9 @@ from otel_ttft import semconv
 from otel_ttft.sink.receiver import OTLPReceiver
 from otel_ttft.sink.store import SpanStore
 
-# Tests look at every request's stage children; the default policy (children only for cold, slow,
-# tail, failed and sampled requests) has its own tests (test_request_detail). Run a file with
-# OTEL_TTFT_REQUEST_DETAIL=auto to check it under the default instead.
+# Hook tests look at every request's span and stage children; the default policy (a span, with
+# children, only for cold, slow, tail, failed, sampled and caller-traced requests) has its own
+# tests (test_request_detail), and the verdict and replay tests run on it (what users get).
 os.environ.setdefault(env.OTEL_TTFT_REQUEST_DETAIL, semconv.DETAIL_ALL)
 
 

@@ -34,6 +34,8 @@ from otel_ttft.sink.store import SpanStore
      "gen_ai_server_time_to_first_token_seconds"),
     (semconv.METRIC_CLIENT_TIME_TO_FIRST_CHUNK, "s", naming.HISTOGRAM,
      "gen_ai_client_operation_time_to_first_chunk_seconds"),
+    (semconv.METRIC_REQUEST_STAGE_TIME, "s", naming.COUNTER,
+     "ttft_request_stage_time_seconds_total"),
     (semconv.METRIC_REQUEST_ARRIVAL_WAITING, "{request}", naming.GAUGE,
      "ttft_request_arrival_waiting_requests"),
     (semconv.METRIC_REQUEST_ARRIVAL_KV_USAGE, "1", naming.GAUGE,
@@ -196,8 +198,10 @@ def test_scrape_endpoint_shows_our_instruments_as_the_collector_would(receiver, 
     exemplars = [s.exemplar for s in ttft.samples if s.exemplar]
     assert [e.labels["trace_id"] for e in exemplars] == [trace_id]
     assert {s.labels["ttft_request_cold"] for s in ttft.samples} == {"true"}
-    stages = {s.labels["ttft_stage"] for s in fams["ttft_request_stage_duration_seconds"].samples}
-    assert stages == {"queue", "prefill"}
+    stage_time = fams["ttft_request_stage_time_seconds"]  # the family name drops _total
+    assert stage_time.type == "counter"
+    assert {s.labels["ttft_stage"]: s.value for s in stage_time.samples} == {
+        "queue": 0.01, "prefill": 0.02}
 
     (info,) = fams["target"].samples
     assert info.labels["job"] == "vllm-x" and info.labels["instance"] == "proc-1"

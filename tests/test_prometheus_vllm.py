@@ -205,6 +205,9 @@ def test_warmup_alert_and_dashboards_on_real_vllm_metrics(receiver_factory, tiny
                 v for v in values if not math.isnan(v))
         for key in [("otel-ttft-ttft.json", "Server TTFT p50 / p95 / p99 by model, cold vs. warm"),
                     ("otel-ttft-ttft.json", "Stage share of server TTFT per model (stacked)"),
+                    ("otel-ttft-ttft.json", "Time per request by stage, cold vs. warm"),
+                    ("otel-ttft-admission.json",
+                     "Queue time per request, and the TTFT p95 it sits in"),
                     ("otel-ttft-activations.json", "Activation stages per model (stacked, latest "
                                                    "activation of each process)"),
                     ("otel-ttft-activations.json", "Stage vs. its 7-day median (alert input)"),

@@ -228,8 +228,8 @@ def _stream_class(fail_in=None):
             if fail_in == "item":
                 raise RuntimeError("our bug")
 
-        def close(self, outcome, error):
-            log.append(("close", outcome, type(error).__name__ if error else None))
+        def close(self, outcome, error, last):
+            log.append(("close", outcome, type(error).__name__ if error else None, last))
 
     return Observed, log
 
@@ -257,14 +257,29 @@ def test_stream_hook_sees_each_item_and_how_the_stream_ended(kinds_pkg):
     mod = __import__(kinds_pkg)
     assert _drain(mod.generate(3)) == [0, 1, 2]
     assert log == ["enter", ("leave", "token"), ("first", 0), ("item", 1), ("item", 2),
-                   ("close", FINISHED, None)]
+                   ("close", FINISHED, None, 2)]
     log.clear()
     assert _drain(mod.generate(5), take=2) == [0, 1]
-    assert log[-1] == ("close", ABORTED, "GeneratorExit")
+    assert log[-1] == ("close", ABORTED, "GeneratorExit", 1), "the last item handed over"
     log.clear()
     with pytest.raises(ValueError, match="vllm's own error"):
         _drain(mod.generate(5, fail_at=2))
-    assert log[-1] == ("close", FAILED, "ValueError")
+    assert log[-1] == ("close", FAILED, "ValueError", 1)
+    hooks.remove()
+
+
+def test_stream_hook_without_each_item_sees_first_and_last_only(kinds_pkg):
+    from otel_ttft.hooks.registry import ABORTED, FINISHED
+
+    observed, log = _stream_class()
+    observed.each_item = False  # the hot path: nothing per item but the hand-over
+    hooks = _apply(Hook("t.stream_lean", f"{kinds_pkg}:generate", observed))
+    mod = __import__(kinds_pkg)
+    assert _drain(mod.generate(4)) == [0, 1, 2, 3]
+    assert log == ["enter", ("leave", "token"), ("first", 0), ("close", FINISHED, None, 3)]
+    log.clear()
+    assert _drain(mod.generate(5), take=3) == [0, 1, 2]
+    assert log[-1] == ("close", ABORTED, "GeneratorExit", 2)
     hooks.remove()
 
 

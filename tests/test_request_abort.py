@@ -37,7 +37,8 @@ def telemetry():
     tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
     reader = InMemoryMetricReader()
     meter_provider = MeterProvider(metric_readers=[reader])
-    config.configure(config.Config(tracer_provider=tracer_provider, meter_provider=meter_provider))
+    config.configure(config.Config(tracer_provider=tracer_provider, meter_provider=meter_provider,
+                                   request_detail=semconv.DETAIL_SPANS))  # every request's span
     spans.use_tracer_provider(tracer_provider)
     request.metrics.reset()
     hooks = HookSet([h for h in request.HOOKS if h.process == "api_server"])

@@ -1,41 +1,75 @@
-"""The request-detail policy (issue 9, cost): every request keeps its span with its stage
-durations; the stage children only where someone will look; and ``analyze`` reads the stages
-from the attributes when the children were not built."""
+"""The request-detail policy (issue 9, cost): every request is counted in the metrics; by default
+only the requests someone will open get a span (with their stage children), and those the caller
+traces get theirs (stage durations as attributes); ``analyze`` reads the stages from the
+attributes when the children were not built. Per the contrib habit: fresh providers per test."""
 
 from __future__ import annotations
 
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from otel_ttft import config, semconv
+from otel_ttft import config, semconv, spans
 from otel_ttft import environment_variables as env
 from otel_ttft.analysis.breakdown import collect
 from otel_ttft.config import Config
 from otel_ttft.hooks.request import detail
+from otel_ttft.hooks.request import metrics as request_metrics
 from otel_ttft.hooks.request import spans as request_spans
 from otel_ttft.hooks.request.state import Handle, RequestRecord
 from otel_ttft.hooks.request.timeline import SCHEDULED
 from tests import analysis_fixtures as fx
-from tests.otel_memory import memory_exporter
+
+SAMPLED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+NOT_SAMPLED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
+
+
+class _Telemetry:
+    def __init__(self) -> None:
+        self.exporter = InMemorySpanExporter()
+        self.tracer_provider = TracerProvider()
+        self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        self.reader = InMemoryMetricReader()
+        self.meter_provider = MeterProvider(metric_readers=[self.reader])
+
+    def ttft_count(self) -> int:
+        data = self.reader.get_metrics_data()
+        return sum(p.count for rm in data.resource_metrics for sm in rm.scope_metrics
+                   for m in sm.metrics if m.name == semconv.METRIC_SERVER_TTFT
+                   for p in m.data.data_points)
 
 
 @pytest.fixture
 def policy():
+    telemetry = _Telemetry()
+
     def use(mode: str = "auto", slow_ms: str = "1000", ratio: str = "0") -> Config:
         cfg = Config.from_env({env.OTEL_TTFT_REQUEST_DETAIL: mode,
                                env.OTEL_TTFT_REQUEST_DETAIL_SLOW_MS: slow_ms,
-                               env.OTEL_TTFT_REQUEST_DETAIL_RATIO: ratio})
+                               env.OTEL_TTFT_REQUEST_DETAIL_RATIO: ratio},
+                              tracer_provider=telemetry.tracer_provider,
+                              meter_provider=telemetry.meter_provider)
         config.configure(cfg)
+        spans.use_tracer_provider(telemetry.tracer_provider)
+        request_metrics.reset()
         detail.reset()
         return cfg
 
-    before = config.current
+    use.telemetry = telemetry
     yield use
-    config.configure(before)
+    config.configure(Config())
+    spans.use_tracer_provider(None)
+    request_metrics.reset()
     detail.reset()
 
 
-def _record(ttft: float, model: str = "tiny", cold: bool = False, error: str | None = None):
-    handle = Handle(None, None, model, streaming=False)
+def _record(ttft: float, model: str = "tiny", cold: bool = False, error: str | None = None,
+            traceparent: str | None = None):
+    handle = Handle({"traceparent": traceparent} if traceparent else None, None, model,
+                    streaming=False)
     rec = RequestRecord("req-1", "cmpl-1", handle, arrival=100.0)
     handle.records.append(rec)
     rec.model, rec.prompt_len, rec.out_tokens, rec.cold, rec.error = model, 12, 4, cold, error
@@ -49,21 +83,18 @@ def _record(ttft: float, model: str = "tiny", cold: bool = False, error: str | N
     return rec
 
 
-def _emit(rec):
-    exporter = memory_exporter()
+def _emit(policy, rec):
+    """The request span (or None) and its other spans."""
+    exporter = policy.telemetry.exporter
     exporter.clear()
     request_spans.emit_request(rec, now=rec.first_tok + 0.1)
-    spans = exporter.get_finished_spans()
-    (req,) = [s for s in spans if s.name == semconv.SPAN_REQUEST]
-    return req, [s for s in spans if s is not req]
+    got = exporter.get_finished_spans()
+    reqs = [s for s in got if s.name == semconv.SPAN_REQUEST]
+    assert len(reqs) <= 1
+    return (reqs[0] if reqs else None), [s for s in got if s.name != semconv.SPAN_REQUEST]
 
 
-def test_a_warm_fast_request_is_one_span_with_its_stage_durations(policy):
-    policy()
-    req, kids = _emit(_record(0.020))
-    assert kids == []
-    a = req.attributes
-    assert semconv.ATTR_REQUEST_DETAIL not in a
+def _assert_stage_durations(a):
     assert a[semconv.ATTR_REQUEST_STAGE_FRONTEND_SECONDS] == pytest.approx(0.002)
     assert a[semconv.ATTR_REQUEST_STAGE_QUEUE_SECONDS] == pytest.approx(0.004)
     assert a[semconv.ATTR_REQUEST_STAGE_PREFILL_SECONDS] == pytest.approx(0.014)
@@ -71,9 +102,51 @@ def test_a_warm_fast_request_is_one_span_with_its_stage_durations(policy):
     stage_sum = sum(a[semconv.REQUEST_STAGE_SECONDS[s]] for s in
                     (semconv.STAGE_FRONTEND, semconv.STAGE_QUEUE, semconv.STAGE_PREFILL))
     assert stage_sum == pytest.approx(a[semconv.ATTR_REQUEST_TTFT])
+
+
+def test_a_warm_fast_untraced_request_is_counted_without_a_span(policy):
+    policy()
+    req, kids = _emit(policy, _record(0.020))
+    assert req is None and kids == []
+    assert policy.telemetry.ttft_count() == 1
+
+
+def test_a_request_the_caller_traces_gets_its_span_with_stage_durations(policy):
+    policy()
+    req, kids = _emit(policy, _record(0.020, traceparent=SAMPLED))
+    assert kids == [] and req is not None
+    assert req.context.trace_id == 0x0af7651916cd43dd8448eb211c80319c
+    a = req.attributes
+    assert semconv.ATTR_REQUEST_DETAIL not in a
+    _assert_stage_durations(a)
     # sampling parameters at their "not set" values are left out; set ones are kept
     assert semconv.GEN_AI_REQUEST_TOP_P not in a and semconv.GEN_AI_REQUEST_CHOICE_COUNT not in a
     assert a[semconv.GEN_AI_REQUEST_MAX_TOKENS] == 16
+
+
+def test_an_unsampled_caller_is_honoured_even_for_a_slow_request(policy):
+    policy()
+    req, kids = _emit(policy, _record(1.5, traceparent=NOT_SAMPLED))
+    assert req is None and kids == []  # the parent-based sampler said no
+    assert policy.telemetry.ttft_count() == 1  # still counted
+
+
+def test_with_vllms_own_tracing_on_every_request_keeps_its_span(policy):
+    """vLLM's ``--otlp-traces-endpoint`` asks for a span per request; ours replaces vLLM's, so the
+    default policy must not drop it."""
+    policy()
+    rec = _record(0.020)
+    rec.vllm = {semconv.VLLM_LATENCY_TTFT: 0.019}
+    req, kids = _emit(policy, rec)
+    assert req is not None and kids == []
+    assert req.attributes[semconv.VLLM_LATENCY_TTFT] == 0.019
+
+
+def test_spans_policy_gives_every_request_its_span(policy):
+    policy("spans")
+    req, kids = _emit(policy, _record(0.020))
+    assert req is not None and kids == []
+    _assert_stage_durations(req.attributes)
 
 
 @pytest.mark.parametrize(("kwargs", "why"), [
@@ -81,9 +154,9 @@ def test_a_warm_fast_request_is_one_span_with_its_stage_durations(policy):
     ({"ttft": 1.5}, semconv.DETAIL_SLOW),
     ({"ttft": 0.020, "error": "EngineDeadError: gone"}, semconv.DETAIL_ERROR),
 ])
-def test_cold_slow_and_failed_requests_get_their_stage_children(policy, kwargs, why):
+def test_cold_slow_and_failed_requests_get_their_span_and_stage_children(policy, kwargs, why):
     policy()
-    req, kids = _emit(_record(**kwargs))
+    req, kids = _emit(policy, _record(**kwargs))
     assert req.attributes[semconv.ATTR_REQUEST_DETAIL] == why
     assert {k.name for k in kids} >= {semconv.SPAN_REQUEST_QUEUE, semconv.SPAN_REQUEST_PREFILL,
                                       semconv.SPAN_REQUEST_FIRST_DECODE}
@@ -92,26 +165,31 @@ def test_cold_slow_and_failed_requests_get_their_stage_children(policy, kwargs, 
 def test_the_models_tail_gets_children_once_its_p95_is_known(policy):
     policy()
     for i in range(64):  # 64 requests of 20-26 ms: the tail threshold settles near 26 ms
-        req, kids = _emit(_record(0.020 + (i % 7) * 0.001, model="m"))
-        assert kids == [] or req.attributes[semconv.ATTR_REQUEST_DETAIL] == semconv.DETAIL_TAIL
-    req, kids = _emit(_record(0.080, model="m"))  # far below "slow", far above the tail
+        req, kids = _emit(policy, _record(0.020 + (i % 7) * 0.001, model="m"))
+        assert req is None or req.attributes[semconv.ATTR_REQUEST_DETAIL] == semconv.DETAIL_TAIL
+    req, kids = _emit(policy, _record(0.080, model="m"))  # far below "slow", above the tail
     assert req.attributes[semconv.ATTR_REQUEST_DETAIL] == semconv.DETAIL_TAIL and kids
-    req, kids = _emit(_record(0.080, model="other"))  # another model has no tail yet
-    assert kids == []
+    req, kids = _emit(policy, _record(0.080, model="other"))  # another model has no tail yet
+    assert req is None
+    assert policy.telemetry.ttft_count() == 66
 
 
 def test_all_none_and_the_sampled_share(policy):
     policy("all")
-    req, kids = _emit(_record(0.020))
+    req, kids = _emit(policy, _record(0.020))
     assert req.attributes[semconv.ATTR_REQUEST_DETAIL] == semconv.DETAIL_ALL and kids
     policy("none")
-    req, kids = _emit(_record(5.0, cold=True))
+    req, kids = _emit(policy, _record(5.0, cold=True))
+    assert req is None and kids == []
+    req, kids = _emit(policy, _record(5.0, cold=True, traceparent=SAMPLED))
     assert kids == [] and semconv.ATTR_REQUEST_STAGE_QUEUE_SECONDS in req.attributes
     policy(ratio="1")
-    req, kids = _emit(_record(0.020))
+    req, kids = _emit(policy, _record(0.020))
     assert req.attributes[semconv.ATTR_REQUEST_DETAIL] == semconv.DETAIL_SAMPLED and kids
-    policy(ratio="0.5")  # by the trace id's low 56 bits
+    policy(ratio="0.5")  # a traced request: by the trace id's low 56 bits, as every party agrees
     assert detail.sampled(1) and not detail.sampled((1 << 56) - 1)
+    draws = [detail.sampled(None) for _ in range(2000)]  # untraced: a private random draw
+    assert 800 < sum(draws) < 1200
 
 
 def test_garbage_settings_fall_back_to_the_defaults(policy):

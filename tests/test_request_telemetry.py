@@ -23,6 +23,7 @@ from otel_ttft.hooks.request.timeline import SCHEDULED
 @pytest.fixture
 def telemetry():
     def make(**settings):
+        settings.setdefault("request_detail", semconv.DETAIL_SPANS)  # every request's span
         exporter = InMemorySpanExporter()
         tracer_provider = TracerProvider()
         tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -32,14 +33,14 @@ def telemetry():
                                        meter_provider=meter_provider, **settings))
         spans.use_tracer_provider(tracer_provider)
         request_metrics.reset()
-        request_metrics._latest.clear()
+        request_metrics.forget()
         return exporter, reader, tracer_provider
 
     yield make
     config.configure(config.Config())
     spans.use_tracer_provider(None)
     request_metrics.reset()
-    request_metrics._latest.clear()
+    request_metrics.forget()
 
 
 def _points(data, name):
@@ -75,27 +76,36 @@ def test_gauges_report_the_latest_arrival_per_model(telemetry):
     assert usage == {"a": 0.5}  # b's arrival knew no KV usage
 
 
-def test_ttft_and_stage_samples_carry_exemplars_and_genai_attributes(telemetry):
+def test_ttft_sample_carries_an_exemplar_and_stage_time_sums_per_stage(telemetry):
     _, reader, tracer_provider = telemetry()
     span = tracer_provider.get_tracer("t").start_span("llm_request")
     request_metrics.record_request(0.2, {"queue": 0.05, "prefill": 0.15}, "tiny", True, None,
                                    None, context=trace.set_span_in_context(span),
                                    operation=semconv.GEN_AI_OPERATION_CHAT)
     span.end()
+    request_metrics.record_request(0.1, {"queue": 0.02, "prefill": 0.08}, "tiny", True, None,
+                                   None, context=request_metrics.NO_SPAN,
+                                   operation=semconv.GEN_AI_OPERATION_CHAT)
     data = reader.get_metrics_data()
     (ttft,) = _points(data, semconv.METRIC_SERVER_TTFT)
     assert ttft.attributes == {semconv.ATTR_REQUEST_COLD: True,
                                semconv.GEN_AI_REQUEST_MODEL: "tiny",
                                semconv.GEN_AI_OPERATION_NAME: "chat",
                                semconv.GEN_AI_PROVIDER_NAME: "vllm"}
+    assert ttft.count == 2
     assert list(ttft.explicit_bounds) == list(semconv.TTFT_BUCKETS_S)
+    # Only the request with a span of its own leads to a trace.
     assert {e.trace_id for e in ttft.exemplars} == {span.get_span_context().trace_id}
+    # Issue 9 (cost): time per stage is summed here and read at export (no SDK call per request)
     stages = {p.attributes[semconv.ATTR_STAGE]: p
-              for p in _points(data, semconv.METRIC_REQUEST_STAGE_DURATION)}
-    assert set(stages) == {"queue", "prefill"}
-    # Issue 9 (cost): only the TTFT sample offers an exemplar (a third of a record's cost); the
-    # TTFT's exemplar already leads to the request's trace.
-    assert all(not p.exemplars for p in stages.values())
+              for p in _points(data, semconv.METRIC_REQUEST_STAGE_TIME)}
+    assert {k: round(p.value, 9) for k, p in stages.items()} == {"queue": 0.07, "prefill": 0.23}
+    assert all(p.attributes[semconv.GEN_AI_PROVIDER_NAME] == "vllm"
+               and p.attributes[semconv.GEN_AI_OPERATION_NAME] == "chat"
+               and p.attributes[semconv.ATTR_REQUEST_COLD] is True for p in stages.values())
+    (metric,) = [m for rm in data.resource_metrics for sm in rm.scope_metrics
+                 for m in sm.metrics if m.name == semconv.METRIC_REQUEST_STAGE_TIME]
+    assert metric.data.is_monotonic and metric.unit == "s"
 
 
 def test_no_content_by_default(telemetry):

@@ -10,7 +10,13 @@ from otel_ttft.hooks.request import payload
 from otel_ttft.hooks.request import spans as request_spans
 from otel_ttft.hooks.request.payload import EnginePayload
 from otel_ttft.hooks.request.state import Handle, RequestRecord
-from otel_ttft.hooks.request.timeline import PREEMPTED, SCHEDULED, stage_totals, tile
+from otel_ttft.hooks.request.timeline import (
+    PREEMPTED,
+    SCHEDULED,
+    stage_durations,
+    stage_totals,
+    tile,
+)
 from tests.test_request_telemetry import telemetry  # noqa: F401 - a fresh provider per test
 
 FRONTEND, QUEUE, PREFILL = semconv.STAGE_FRONTEND, semconv.STAGE_QUEUE, semconv.STAGE_PREFILL
@@ -68,6 +74,29 @@ def test_out_of_order_clocks_are_clamped_never_negative():
     assert all(s.end >= s.start for s in segs)
     assert_tiled(segs, 5.0, 5.25)
     assert sum(s.end - s.start for s in segs) == pytest.approx(0.25)
+
+
+def test_stage_durations_are_the_tiles_totals_whatever_the_clocks():
+    """The arithmetic path (no segments, for requests without a span) never disagrees with the
+    tiling rule, clocks out of order included."""
+    import random
+
+    rng = random.Random(7)
+    fast = 0
+    for _ in range(5000):
+        arrival = 10.0
+        t = [arrival + rng.uniform(-0.01, 0.05) for _ in range(4)]
+        queued = None if rng.random() < 0.1 else t[0]
+        schedule = rng.choice([[(SCHEDULED, t[1])], [(SCHEDULED, t[1])], [],
+                               [(SCHEDULED, t[1]), (PREEMPTED, t[2]), (SCHEDULED, t[3])]])
+        first, ttft_end = t[2], rng.choice([None, t[3], t[2] + 0.001])
+        want = stage_totals(tile(arrival, queued, schedule, first, ttft_end, first + 1))
+        got = stage_durations(arrival, queued, schedule, first, ttft_end)
+        fast += queued is not None and len(schedule) == 1 and schedule[0][1] < first
+        assert got.keys() == want.keys()
+        for stage in want:
+            assert got[stage] == pytest.approx(want[stage], abs=1e-12), (stage, got, want)
+    assert fast > 1000  # the arithmetic path was taken, not only the fallback
 
 
 def test_engine_payload_round_trip():

@@ -12,9 +12,10 @@ from otel_ttft.dashboards.common import (
     timeseries_panel,
     traceql_table,
 )
+from otel_ttft.prom import naming
 
 TTFT = "gen_ai_server_time_to_first_token_seconds"
-STAGE = "ttft_request_stage_duration_seconds"
+STAGE_TIME = naming.metric_name(semconv.METRIC_REQUEST_STAGE_TIME, "s", naming.COUNTER)
 
 
 def build() -> db.Dashboard:
@@ -44,20 +45,22 @@ def build() -> db.Dashboard:
             "Queue share of server TTFT",
             "Time in the queue stage over server TTFT, 15 min windows. Rising against its 7-day "
             "average is alerted (admission policy: max seqs, KV budget).", "percentunit",
-            prom(f"sum by (gen_ai_request_model) (rate({STAGE}_sum{{ttft_stage=\"queue\", {SEL}}}"
+            prom(f"sum by (gen_ai_request_model) (rate({STAGE_TIME}{{ttft_stage=\"queue\", {SEL}}}"
                  f"[15m])) / sum by (gen_ai_request_model) (rate({TTFT}_sum{{{SEL}}}[15m]))",
                  "{{gen_ai_request_model}}"),
             width=12))
         .with_panel(timeseries_panel(
-            "Queue time p50 / p95",
-            "Time from the engine receiving a request to scheduling it (again after a preemption "
-            "before the first token).", "s",
-            prom(f"histogram_quantile(0.5, sum by (gen_ai_request_model, le) (rate({STAGE}_bucket"
-                 f"{{ttft_stage=\"queue\", {SEL}}}[$__rate_interval])))",
-                 "p50 {{gen_ai_request_model}}", "A", exemplar=True),
-            prom(f"histogram_quantile(0.95, sum by (gen_ai_request_model, le) (rate({STAGE}_bucket"
-                 f"{{ttft_stage=\"queue\", {SEL}}}[$__rate_interval])))",
-                 "p95 {{gen_ai_request_model}}", "B", exemplar=True),
+            "Queue time per request, and the TTFT p95 it sits in",
+            "Mean time from the engine receiving a request to scheduling it (again after a "
+            "preemption before the first token), next to server TTFT p95; its exemplars open "
+            "slow requests, whose spans carry their own queue time.", "s",
+            prom(f"sum by (gen_ai_request_model) (rate({STAGE_TIME}{{ttft_stage=\"queue\", "
+                 f"{SEL}}}[$__rate_interval])) / sum by (gen_ai_request_model) "
+                 f"(rate({TTFT}_count{{{SEL}}}[$__rate_interval]))",
+                 "queue {{gen_ai_request_model}}", "A"),
+            prom(f"histogram_quantile(0.95, sum by (gen_ai_request_model, le) (rate({TTFT}_bucket"
+                 f"{{{SEL}}}[$__rate_interval])))",
+                 "TTFT p95 {{gen_ai_request_model}}", "B", exemplar=True),
             width=12))
         .with_row(db.Row("Failed admissions and preemptions (Tempo)"))
         .with_panel(traceql_table(

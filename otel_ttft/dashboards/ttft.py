@@ -15,7 +15,7 @@ from otel_ttft.dashboards.common import (
 from otel_ttft.prom import naming
 
 TTFT = "gen_ai_server_time_to_first_token_seconds"
-STAGE = "ttft_request_stage_duration_seconds"
+STAGE_TIME = naming.metric_name(semconv.METRIC_REQUEST_STAGE_TIME, "s", naming.COUNTER)
 # The replay client's TTFT, as the Collector's Prometheus exporter names it. The replay is its own
 # service (job), apart from the vLLM processes that $service / $instance pick.
 CLIENT_TTFT = naming.metric_name(semconv.METRIC_CLIENT_TIME_TO_FIRST_CHUNK, "s", naming.HISTOGRAM)
@@ -86,23 +86,26 @@ def build() -> db.Dashboard:
         .with_row(db.Row("Where the time goes"))
         .with_panel(timeseries_panel(
             "Stage share of server TTFT per model (stacked)",
-            "ttft.request.stage.duration summed per stage, over the summed server TTFT: the "
-            "stages tile TTFT, so the stack reaches 100 %. The largest band is the stage to fix "
-            "(README: stage table).",
+            "ttft.request.stage.time per stage over the summed server TTFT: the stages tile "
+            "TTFT, so the stack reaches 100 %. The largest band is the stage to fix (README: "
+            "stage table).",
             "percentunit",
             prom(f"sum by (gen_ai_request_model, ttft_stage) "
-                 f"(rate({STAGE}_sum{{ttft_stage=~\"{TTFT_STAGES}\", {SEL}}}[$__rate_interval])) "
+                 f"(rate({STAGE_TIME}{{ttft_stage=~\"{TTFT_STAGES}\", {SEL}}}[$__rate_interval])) "
                  f"/ on (gen_ai_request_model) group_left sum by (gen_ai_request_model) "
                  f"(rate({TTFT}_sum{{{SEL}}}[$__rate_interval]))",
                  "{{gen_ai_request_model}} {{ttft_stage}}"),
             stacked=True, width=12))
         .with_panel(timeseries_panel(
-            "Stage duration p95 by stage",
-            "p95 time one request spends in each stage (first_decode: first to second token, "
-            "outside TTFT).", "s",
-            prom(f"histogram_quantile(0.95, sum by (ttft_stage, le) "
-                 f"(rate({STAGE}_bucket{{{SEL}}}[$__rate_interval])))", "{{ttft_stage}}",
-                 exemplar=True),
+            "Time per request by stage, cold vs. warm",
+            "Mean time one request spends in each stage (first_decode: first to second token, "
+            "outside TTFT): stage time over the number of first tokens. A slow request's own "
+            "stages are on its span (table below).", "s",
+            prom(f"sum by (ttft_stage, ttft_request_cold) "
+                 f"(rate({STAGE_TIME}{{{SEL}}}[$__rate_interval])) "
+                 f"/ on (ttft_request_cold) group_left sum by (ttft_request_cold) "
+                 f"(rate({TTFT}_count{{{SEL}}}[$__rate_interval]))",
+                 "{{ttft_stage}} cold={{ttft_request_cold}}"),
             width=12))
         .with_row(db.Row("Slowest first tokens (Tempo)"))
         .with_panel(traceql_table(

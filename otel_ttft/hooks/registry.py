@@ -156,12 +156,15 @@ class Stream:
 
     ``open`` decides per call (``None``: vLLM's generator is returned untouched, no pass-through);
     ``enter``/``leave`` bracket the wait for the first item (to set a context variable the
-    producer reads); ``first`` and ``item`` see each item before it is handed on; ``close`` gets
-    how the stream ended: ``FINISHED`` (exhausted), ``ABORTED`` (closed or cancelled by the
-    consumer) or ``FAILED`` (vLLM raised ``error``).
+    producer reads); ``first`` sees the first item before it is handed on, ``item`` every later
+    one, but only while ``each_item`` is true (a streamed output is the hottest path there is);
+    ``close`` gets how the stream ended: ``FINISHED`` (exhausted), ``ABORTED`` (closed or
+    cancelled by the consumer) or ``FAILED`` (vLLM raised ``error``), and the last item handed
+    on (``None`` if none was).
     """
 
     __slots__ = ()
+    each_item = True
 
     @classmethod
     def open(cls, instance: Any, args: tuple, kwargs: dict) -> Stream | None:
@@ -179,7 +182,7 @@ class Stream:
     def item(self, item: Any) -> None:
         pass
 
-    def close(self, outcome: str, error: BaseException | None) -> None:
+    def close(self, outcome: str, error: BaseException | None, last: Any) -> None:
         pass
 
 
@@ -205,6 +208,7 @@ async def _pass_through(hook: Hook, inner: Any, obs: Stream) -> AsyncIterator[An
     consumer, and turns every observer of this hook off."""
     outcome: str = FINISHED
     error: BaseException | None = None
+    last = None
     try:
         token = None
         try:
@@ -224,14 +228,21 @@ async def _pass_through(hook: Hook, inner: Any, obs: Stream) -> AsyncIterator[An
                 obs.first(item)
             except Exception as exc:
                 report_failure(hook, exc)
-        while True:
-            yield item
-            item = await inner.__anext__()
-            if not hook.failed:
-                try:
-                    obs.item(item)
-                except Exception as exc:
-                    report_failure(hook, exc)
+        if obs.each_item:
+            while True:
+                last = item
+                yield item
+                item = await inner.__anext__()
+                if not hook.failed:
+                    try:
+                        obs.item(item)
+                    except Exception as exc:
+                        report_failure(hook, exc)
+        else:  # nothing per item but the hand-over itself
+            while True:
+                last = item
+                yield item
+                item = await inner.__anext__()
     except StopAsyncIteration:
         return
     except (GeneratorExit, asyncio.CancelledError) as exc:
@@ -246,7 +257,7 @@ async def _pass_through(hook: Hook, inner: Any, obs: Stream) -> AsyncIterator[An
         finally:
             if not hook.failed:
                 try:
-                    obs.close(outcome, error)
+                    obs.close(outcome, error, last)
                 except Exception as exc:
                     report_failure(hook, exc)
 

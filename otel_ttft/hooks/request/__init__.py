@@ -9,13 +9,16 @@ API process (``api``):
   caller's parent context (the current HTTP span, else the incoming ``traceparent``, which vLLM
   drops when its own tracing is off), when the first output was handed to the HTTP layer, and
   closes the record however the request ends (finish, abort, disconnect, error) so that no
-  request is left unreported.
+  request is left unreported. Per later output it only hands the item on (the finish reasons
+  are read off the last one), unless output text is captured (opt-in).
 - ``request.flush`` -- starlette's ``StreamingResponse.stream_response``: when the chunk carrying
   the first token was written to the client.
 - ``request.add`` -- ``OutputProcessor.add_request``: the record, with vLLM's arrival time, prompt
   size, sampling parameters, LoRA adapter and activation (cold/warm) bookkeeping.
 - ``request.outputs`` -- ``OutputProcessor.process_outputs`` (hot): the first output's engine
   timestamp, QUEUED/SCHEDULED/PREEMPTED events and the EngineCore payload; the second token's time.
+  Per output: two attribute reads and a lookup among the requests still waiting for their first
+  two tokens (``state.fresh``); output tokens are counted once, from vLLM's state, at the end.
 - ``request.finish`` / ``request.abort`` / ``request.error`` -- ``_finish_request``,
   ``abort_requests``, ``propagate_error``: requests that do not come through ``generate``
   (offline ``LLMEngine``) are closed here.
@@ -34,7 +37,8 @@ step are timed by ``warmup.compile``, the one ``monitor_torch_compile`` wrapper)
 
 Modules: ``api`` (API-process hooks), ``engine`` (EngineCore hooks), ``worker`` (adapter/compile/
 output hooks), ``payload`` (EngineCore -> API payload), ``state`` (per-request state),
-``timeline`` (the tiling rule), ``spans`` (the span tree), ``metrics`` (TTFT and stage metrics).
+``timeline`` (the tiling rule), ``detail`` (which requests get a span), ``spans`` (the span tree),
+``metrics`` (the TTFT histogram and time per stage).
 """
 
 from __future__ import annotations

@@ -1,22 +1,25 @@
-"""Which requests get their stage child spans: the request-detail policy.
+"""Which requests get a span, and which get their stage child spans: the request-detail policy.
 
-Every request keeps its ``llm_request`` span with its TTFT stages as duration attributes
-(``ttft.request.stage.<stage>.seconds``): enough for the metrics, the dashboards and ``analyze``.
-The children (one span per stage segment, warm-up paid inside the request, the first decode) cost
-several times the request span to build, encode and send, so by default (``auto``) they are built
-only for the requests someone will open: cold ones (the first requests after an activation, or
-one that waited for a compile or an adapter), slow ones (TTFT above
-``OTEL_TTFT_REQUEST_DETAIL_SLOW_MS``), the model's tail (above its running p95 over its latest
-256 requests), failed or aborted ones, and a sampled share of the rest
-(``OTEL_TTFT_REQUEST_DETAIL_RATIO``, decided by trace id so that every process agrees). ``all``:
-every request; ``none``: never. The configured sampler decides first: a request span that is
-not recording gets no children either. Settings: ``config.current`` (``request_detail``,
+Every request is counted in the metrics (TTFT and time per stage). A span costs far more than a
+request's hooks and metric samples together (the SDK builds it, the exporter encodes every
+attribute, the export thread sends it): on a busy server that is most of our cost. So by default
+(``auto``) the ``llm_request`` span, with its stage children, is built for the requests someone
+will open: cold ones (the first requests after an activation, or one that waited for a compile or
+an adapter), slow ones (TTFT above ``OTEL_TTFT_REQUEST_DETAIL_SLOW_MS``), the model's tail (above
+its running p95 over its latest 256 requests), failed or aborted ones, and a sampled share of the
+rest (``OTEL_TTFT_REQUEST_DETAIL_RATIO``). A request the caller traces (a sampled
+``traceparent``, or a recording server span around it, e.g. a replay's) always gets its span,
+with the stage durations as attributes; its children only for one of the reasons above.
+
+``spans``: every request gets its span, children as in ``auto``. ``all``: every request, span and
+children. ``none``: no children; spans only for requests the caller traces. The configured sampler
+still has the last word on every span. Settings: ``config.current`` (``request_detail``,
 ``detail_slow_s``, ``detail_ratio``), read when instrumenting.
 """
 
 from __future__ import annotations
 
-from otel_ttft import config, semconv
+from otel_ttft import config, ids, semconv
 
 _TAIL_WINDOW = 256
 _TAIL_EVERY = 32  # the tail threshold is re-read from the window every this many requests
@@ -62,7 +65,7 @@ def reason(*, cold: bool, ttft: float | None, failed: bool, model: str | None) -
     if s.request_detail == semconv.DETAIL_ALL:
         return semconv.DETAIL_ALL
     if s.request_detail == semconv.DETAIL_NONE:
-        return None
+        return None  # (``spans`` and ``auto`` share the reasons below)
     tail = _tails.get(model)
     if tail is None:
         if len(_tails) >= 1024:  # models come and go (LoRA names): keep the map bounded
@@ -80,11 +83,23 @@ def reason(*, cold: bool, ttft: float | None, failed: bool, model: str | None) -
     return None
 
 
-def sampled(trace_id: int) -> bool:
-    """The sampled share, by trace id (the low 56 bits, random in W3C trace ids)."""
+def sampled(trace_id: int | None) -> bool:
+    """The sampled share of the requests without a reason: by the caller's trace id when it
+    traces the request (the low 56 bits, random in W3C trace ids, so every party agrees), else a
+    private random draw."""
     s = config.current
-    return s.request_detail == semconv.DETAIL_AUTO and \
-        (trace_id % _RATIO_BITS) < s.detail_ratio * _RATIO_BITS
+    if s.request_detail not in (semconv.DETAIL_AUTO, semconv.DETAIL_SPANS) or not s.detail_ratio:
+        return False
+    if trace_id is None:
+        return ids.chance(s.detail_ratio)
+    return (trace_id % _RATIO_BITS) < s.detail_ratio * _RATIO_BITS
+
+
+def wants_span(detail: str | None, *, traced: bool) -> bool:
+    """Whether this request gets its ``llm_request`` span: it has a reason to be opened
+    (``detail``), its caller traces it, or the policy asks for every request's span."""
+    return (detail is not None or traced
+            or config.current.request_detail == semconv.DETAIL_SPANS)
 
 
 def reset() -> None:

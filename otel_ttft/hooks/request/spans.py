@@ -24,7 +24,13 @@ from otel_ttft.hooks.request import detail as request_detail
 from otel_ttft.hooks.request import metrics as request_metrics
 from otel_ttft.hooks.request.payload import EnginePayload
 from otel_ttft.hooks.request.state import RequestRecord
-from otel_ttft.hooks.request.timeline import PREEMPTED, SCHEDULED, Segment, stage_totals, tile
+from otel_ttft.hooks.request.timeline import (
+    PREEMPTED,
+    SCHEDULED,
+    Segment,
+    stage_durations,
+    tile,
+)
 
 logger = logging.getLogger("otel_ttft")
 
@@ -129,8 +135,6 @@ def emit_tree(*, parent: otel_context.Context, kind: SpanKind, start: float, end
     span.set_attributes(attributes)
     for name, ts, attrs in events:
         span.add_event(name, attrs, timestamp=ns(ts))
-    if detail is None and request_detail.sampled(span.get_span_context().trace_id):
-        detail = semconv.DETAIL_SAMPLED
     if detail is None:
         if error:
             span.set_status(Status(StatusCode.ERROR, error))
@@ -194,50 +198,93 @@ def emit_request(rec: RequestRecord, now: float) -> None:
             # The first chunk written to the client if we saw it, else the hand-off to it.
             flushed = handle.flush.first if handle.flush is not None else None
             ttft_end = max(flushed or handle.first_out, rec.recv)
-    # Rejected on arrival: nothing ran, so no stage tiles its (absent) TTFT.
-    segments = ([] if rec.rejected is not None
-                else tile(rec.arrival, queued, schedule, rec.first_tok, ttft_end, end))
     ttft = (ttft_end - rec.arrival) if ttft_end is not None else None
     first_decode = ((rec.first_tok, rec.second_tok)
                     if rec.first_tok is not None and rec.second_tok is not None else None)
-
-    attrs = _attributes(rec, eng, ttft, schedule)
-    stages = stage_totals(segments) if ttft is not None else {}
+    # Rejected on arrival: nothing ran, so no stage tiles its (absent) TTFT.
+    stages = ({} if ttft is None or rec.rejected is not None
+              else stage_durations(rec.arrival, queued, schedule, rec.first_tok, ttft_end))
     if first_decode is not None:
         stages[semconv.STAGE_FIRST_DECODE] = first_decode[1] - first_decode[0]
+    warmup = _warmup_spans(eng)
+    if warmup:
+        rec.cold = True  # it waited for warm-up work (a compile, its adapter's load)
+    error = rec.rejected or rec.error or (handle.error if handle is not None else None)
+    aborted = rec.aborted or (handle is not None and handle.aborted
+                              and not (handle.finish or rec.finish))
+    caller = _caller(handle.headers, handle.context) if handle is not None else (
+        _caller(rec.trace_headers, None))
+    detail = request_detail.reason(cold=rec.cold, ttft=ttft, failed=bool(error or aborted),
+                                   model=rec.model)
+    if detail is None and request_detail.sampled(caller.trace_id if caller.is_valid else None):
+        detail = semconv.DETAIL_SAMPLED
+    ctx = request_metrics.NO_SPAN
+    # vLLM's own tracing on (``rec.vllm``): the user asked for a span per request; ours is it.
+    traced = (caller.is_valid and caller.trace_flags.sampled) or rec.vllm is not None
+    if request_detail.wants_span(detail, traced=traced):
+        if handle is not None:
+            parent, kind = parent_context(handle.headers, handle.context)
+        else:
+            parent, kind = parent_context(rec.trace_headers, None)
+        segments = ([] if rec.rejected is not None
+                    else tile(rec.arrival, queued, schedule, rec.first_tok, ttft_end, end))
+        span = emit_tree(
+            parent=parent, kind=kind, start=rec.arrival, end=max(end, ttft_end or end),
+            segments=segments, first_decode=first_decode, warmup=warmup,
+            attributes=_span_attributes(rec, eng, ttft, schedule, stages),
+            events=_preemption_events(rec, schedule), links=_links(rec), error=error,
+            detail=detail)
+        if span.get_span_context().is_valid:
+            ctx = trace.set_span_in_context(span)
+    usage = (1.0 - eng.free / eng.total) if eng is not None and eng.total else None
+    request_metrics.record_request(ttft, stages, rec.model, rec.cold,
+                                   eng.waiting if eng is not None else None, usage,
+                                   context=ctx, operation=operation_name(rec.ext_id))
+
+
+def _caller(trace_headers: Mapping[str, str] | None,
+            current: otel_context.Context | None) -> SpanContext:
+    """The span context of whoever traces this request (the current server span, else the
+    incoming ``traceparent``); invalid when nobody does (the common, cheap case)."""
+    if current is not None:
+        span_context = trace.get_current_span(current).get_span_context()
+        if span_context.is_valid:
+            return span_context
+    if not trace_headers or "traceparent" not in trace_headers:
+        return trace.INVALID_SPAN_CONTEXT
+    parent, _ = parent_context(trace_headers, None)
+    return trace.get_current_span(parent).get_span_context()
+
+
+def _span_attributes(rec: RequestRecord, eng: EnginePayload | None, ttft: float | None,
+                     schedule: list[tuple[str, float]], stages: dict[str, float]
+                     ) -> dict[str, Any]:
+    attrs = _attributes(rec, eng, ttft, schedule)
     for stage, seconds in stages.items():
         attrs[semconv.REQUEST_STAGE_SECONDS[stage]] = seconds
+    attrs[semconv.ATTR_REQUEST_PREEMPTIONS] = (
+        sum(1 for kind, ts in schedule if kind == PREEMPTED
+            and (rec.first_tok is None or ts < rec.first_tok)) + len(rec.late_preemptions))
+    return attrs
+
+
+def _preemption_events(rec: RequestRecord, schedule: list[tuple[str, float]]
+                       ) -> list[tuple[str, float, dict[str, Any]]]:
     events = [(semconv.EVENT_REQUEST_PREEMPTED, ts, {semconv.ATTR_EVENT_BEFORE_FIRST_TOKEN: True})
               for kind, ts in schedule if kind == PREEMPTED
               and (rec.first_tok is None or ts < rec.first_tok)]
     events += [(semconv.EVENT_REQUEST_PREEMPTED, ts, {semconv.ATTR_EVENT_BEFORE_FIRST_TOKEN: False})
                for ts in rec.late_preemptions]
-    attrs[semconv.ATTR_REQUEST_PREEMPTIONS] = len(events)
-    links = []
+    return events
+
+
+def _links(rec: RequestRecord) -> list[Link]:
     act = rec.activation
     if act is not None and getattr(act, "span_context", None) is not None \
             and act.span_context.is_valid:
-        links.append(Link(act.span_context, {semconv.ATTR_LINK_KIND: semconv.LINK_KIND_ACTIVATION,
-                                             semconv.ATTR_ACTIVATION_KIND: act.kind}))
-    if handle is not None:
-        parent, kind = parent_context(handle.headers, handle.context)
-    else:
-        parent, kind = parent_context(rec.trace_headers, None)
-    error = rec.rejected or rec.error or (handle.error if handle is not None else None)
-    aborted = attrs.get(semconv.ATTR_REQUEST_ABORTED, False)
-    warmup = _warmup_spans(eng)
-    detail = request_detail.reason(cold=rec.cold or bool(warmup), ttft=ttft,
-                                   failed=bool(error or aborted), model=rec.model)
-    span = emit_tree(
-        parent=parent, kind=kind, start=rec.arrival, end=max(end, ttft_end or end),
-        segments=segments, first_decode=first_decode, warmup=warmup,
-        attributes=attrs, events=events, links=links, error=error, detail=detail)
-
-    usage = (1.0 - eng.free / eng.total) if eng is not None and eng.total else None
-    ctx = trace.set_span_in_context(span) if span.get_span_context().is_valid else None
-    request_metrics.record_request(ttft, stages, rec.model, rec.cold,
-                                   eng.waiting if eng is not None else None, usage,
-                                   context=ctx, operation=operation_name(rec.ext_id))
+        return [Link(act.span_context, {semconv.ATTR_LINK_KIND: semconv.LINK_KIND_ACTIVATION,
+                                        semconv.ATTR_ACTIVATION_KIND: act.kind})]
+    return []
 
 
 def _warmup_spans(eng: EnginePayload | None) -> list[tuple[str, str, float, float]]:
@@ -313,11 +360,9 @@ def _attributes(rec: RequestRecord, eng: EnginePayload | None, ttft: float | Non
         adapter = eng.adapter if eng is not None else None
         if adapter is not None:
             attrs[semconv.ATTR_LORA_LOAD_SECONDS] = adapter[1] - adapter[0]
-            rec.cold = True  # it paid for its adapter's activation
             attrs[semconv.ATTR_ACTIVATION_KIND] = "adapter"
     if eng is not None and eng.compile:
         attrs[semconv.ATTR_REQUEST_COMPILE_SECONDS] = sum(e - s for s, e in eng.compile)
-        rec.cold = True  # it waited for warm-up work
     act = rec.activation
     if act is not None:
         attrs[semconv.ATTR_REQUEST_ACTIVATION_INDEX] = rec.cold_index

@@ -115,7 +115,7 @@ class RequestRecord:
     recv: float | None = None
     """When the API process received the first output."""
     out_tokens: int = 0
-    """Output tokens received."""
+    """Output tokens: those of its first outputs, then vLLM's count when it ends."""
     cached: int | None = None
     """Prompt tokens served from the prefix cache."""
     engine: EnginePayload | None = None
@@ -164,6 +164,18 @@ class RequestRecord:
         if eco.finish_reason is not None:
             self.finish = str(eco.finish_reason)
 
+    def on_output(self, eco: Any, ts: float) -> None:
+        """A later output that carries news: the second token, events or the finish."""
+        n = len(eco.new_token_ids)
+        self.out_tokens += n
+        if n and self.second_tok is None:
+            self.second_tok = ts
+            fresh.pop(self.rid, None)
+        if eco.events is not None:
+            self.on_events(eco.events)
+        if eco.finish_reason is not None:
+            self.finish = str(eco.finish_reason)
+
     def on_events(self, events: Any) -> None:
         queued, scheduled, preempted = _event_types()
         for ev in events:
@@ -182,6 +194,25 @@ class RequestRecord:
 
 live: dict[str, RequestRecord] = {}
 """Internal request id -> record, until its outputs stop."""
+fresh: dict[str, RequestRecord] = {}
+"""The records of ``live`` still waiting for their first or second token: the only ones every
+output is looked up for."""
+
+
+def forget(rid: str) -> RequestRecord | None:
+    """The record leaves ``live`` (and ``fresh``)."""
+    fresh.pop(rid, None)
+    return live.pop(rid, None)
+
+
+def output_tokens(req_state: Any) -> int | None:
+    """Output tokens of vLLM's ``RequestState``, counted once at the end rather than per output:
+    vLLM's own stats when it keeps them, else its detokenizer's tokens."""
+    stats = getattr(req_state, "stats", None)
+    if stats is not None:
+        return stats.num_generation_tokens
+    detokenizer = getattr(req_state, "detokenizer", None)
+    return detokenizer.num_output_tokens() if detokenizer is not None else None
 done: list[RequestRecord] = []
 """Finished inside ``process_outputs``; emitted once vLLM's own tracing ran."""
 HANDLE: contextvars.ContextVar[Handle | None] = contextvars.ContextVar("otel_ttft_request",
