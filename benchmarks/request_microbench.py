@@ -7,7 +7,8 @@ one token per finished prefill", with and without our hooks (interleaved rounds)
 Our cost is measured directly, not as a difference of two noisy totals: each hook wrapper's own
 time (its time minus the vLLM call inside it, the timer's own cost subtracted and wrapt's
 dispatch per call added), the ``generate`` hook over a stand-in async generator (applied through
-the registry as in vLLM), and the OTLP encoding of everything the round produced
+the registry as in vLLM; without content capture it hands vLLM's generator back untouched, so
+this is the wrapper's call), and the OTLP encoding of everything the round produced
 (``encode_spans(...).SerializeToString()`` as the exporter does; one metrics export's encoding
 is reported on its own: it is paid once per export interval, 60 s by default, not per request).
 Spans and metrics go through SDK providers as ``opentelemetry-instrument`` sets them up (batch
@@ -184,7 +185,8 @@ def run_batch(fresh, n_requests: int, n_tokens: int, seed: int) -> Timing:
         for q in queues:
             q.get_nowait()
         step += 1
-    # Stand in for AsyncLLM.generate's end: the generate pass-through closes its records.
+    # Requests are emitted when they end (no event loop here: at once, not once their queue was
+    # read); any record still open is closed as a disconnect would.
     t0 = _clock()
     for rec in list(request_api.live.values()):
         request_api.request_spans.emit_request(rec, time.monotonic())

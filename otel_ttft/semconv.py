@@ -350,4 +350,4 @@ ATTR_REQUEST_DETAIL = "ttft.request.detail"  # why the children were built; abse
 DETAIL_ALL, DETAIL_COLD, DETAIL_SLOW, DETAIL_TAIL, DETAIL_ERROR, DETAIL_SAMPLED = (
     "all", "cold", "slow", "tail", "error", "sampled")
 DETAIL_AUTO, DETAIL_SPANS, DETAIL_NONE = "auto", "spans", "none"  # the policy's other values
-REQUEST_DETAIL_TAIL_QUANTILE = 0.95  # per model, over its latest 256 requests
+REQUEST_DETAIL_TAIL_QUANTILE = 0.99  # per model, over its latest 256 requests

@@ -12,7 +12,9 @@ and ``AsyncLLM.add_request``'s input processing are stood in for.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from dataclasses import replace
 
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
@@ -49,7 +51,7 @@ def telemetry():
     spans.use_tracer_provider(None)
     request.metrics.reset()
     request.state.live.clear()
-    request.state.done.clear()
+    request.state.settling.clear()
 
 
 class _EngineCore:
@@ -92,7 +94,7 @@ class Engine:
             lora_request=None, cache_salt=None, data_parallel_rank=None,
             external_req_id=request_id, trace_headers=kwargs.get("trace_headers"))
         queue = RequestOutputCollector(params.output_kind, request_id)
-        self.processor.add_request(core, None, None, 0, queue)
+        self.processor.add_request(core, prompt, None, 0, queue)
         return queue
 
     def step(self, rid: str, token: int, *, first: bool = False, finish: bool = False) -> None:
@@ -208,3 +210,99 @@ def test_final_output_read_then_the_client_leaves_is_not_aborted(engine, telemet
 def _metrics(reader):
     data = reader.get_metrics_data()
     return [m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics]
+
+
+def test_stream_read_to_its_end_is_emitted_once_the_caller_took_the_final_output(engine,
+                                                                                 telemetry):
+    """No wrapper around ``generate``: the record waits until its final output left the queue."""
+    exporter, _ = telemetry
+
+    async def scenario():
+        agen = await _first_output(engine, "cmpl-end-1", max_tokens=2)
+        engine.step("cmpl-end-1", 22, finish=True)
+        assert "cmpl-end-1" in request.state.settling  # finished, output not yet taken
+        await asyncio.sleep(0)  # the loop runs our look: the output is still in the queue
+        assert not [s for s in exporter.get_finished_spans() if s.name == semconv.SPAN_REQUEST]
+        rest = [out async for out in agen]
+        assert [o.finished for o in rest] == [True]
+        await asyncio.sleep(0.2)  # the retry look finds the queue empty
+        assert not request.state.settling
+
+    asyncio.run(scenario())
+    attrs = _request_span(exporter).attributes
+    assert semconv.ATTR_REQUEST_ABORTED not in attrs
+    assert attrs[semconv.ATTR_REQUEST_STREAMING] is True
+    assert attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 2
+
+
+def test_caller_that_stops_reading_is_emitted_as_finished_after_the_give_up(engine, telemetry,
+                                                                             monkeypatch):
+    exporter, _ = telemetry
+    monkeypatch.setattr(request.api, "_SETTLE_GIVE_UP_S", 0.1)
+
+    async def scenario():
+        agen = await _first_output(engine, "cmpl-idle-1", max_tokens=2)
+        engine.step("cmpl-idle-1", 22, finish=True)
+        await asyncio.sleep(0.4)  # nobody reads: retries every 50 ms, then given up
+        assert not request.state.settling
+        await agen.aclose()  # leaving later changes nothing: it was reported
+
+    asyncio.run(scenario())
+    attrs = _request_span(exporter).attributes
+    assert semconv.ATTR_REQUEST_ABORTED not in attrs
+    assert attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("length",)
+
+
+def test_captured_output_text_comes_from_what_generate_handed_over(engine, telemetry):
+    """Content capture (opt-in) is the one case ``generate`` is wrapped: the text per choice."""
+    exporter, _ = telemetry
+    config.configure(replace(config.current, capture_content=True))
+
+    handed_over = []
+
+    async def scenario():
+        agen = engine.llm.generate("hello", _params(3), "cmpl-text-1")
+        first = asyncio.ensure_future(agen.__anext__())
+        await asyncio.sleep(0)
+        engine.step("cmpl-text-1", 21, first=True)
+        handed_over.append(await first)
+        engine.step("cmpl-text-1", 22)
+        engine.step("cmpl-text-1", 23, finish=True)
+        handed_over.extend([out async for out in agen])
+        assert handed_over[-1].finished
+        await asyncio.sleep(0.2)
+
+    asyncio.run(scenario())
+    attrs = _request_span(exporter).attributes
+    (message,) = json.loads(attrs[semconv.GEN_AI_OUTPUT_MESSAGES])
+    assert message["parts"][0]["content"] == "".join(o.outputs[0].text for o in handed_over)
+    assert len(message["parts"][0]["content"]) >= 3  # three tokens of text
+    assert "hello" in attrs[semconv.GEN_AI_INPUT_MESSAGES]
+
+
+def test_stop_string_found_by_the_detokenizer_ends_the_request(engine, telemetry):
+    """vLLM's detokenizer stops the request (``reqs_to_abort``) although the engine did not."""
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+    exporter, _ = telemetry
+    params = SamplingParams(max_tokens=50, stop=["34"], temperature=0,
+                            output_kind=RequestOutputKind.DELTA)
+
+    async def scenario():
+        agen = engine.llm.generate("hello", params, "cmpl-stop-1")
+        first = asyncio.ensure_future(agen.__anext__())
+        await asyncio.sleep(0)
+        engine.step("cmpl-stop-1", 21, first=True)  # "2"
+        await first
+        engine.step("cmpl-stop-1", 22)  # "3"
+        engine.step("cmpl-stop-1", 23)  # "4": "234" holds the stop string
+        rest = [out async for out in agen]
+        assert rest[-1].finished and rest[-1].outputs[0].finish_reason == "stop"
+        await asyncio.sleep(0.2)
+
+    asyncio.run(scenario())
+    attrs = _request_span(exporter).attributes
+    assert attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("stop",)
+    assert semconv.ATTR_REQUEST_ABORTED not in attrs
+    assert attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 3
+    assert not request.state.live

@@ -19,7 +19,7 @@ from otel_ttft.config import Config
 from otel_ttft.hooks.request import detail
 from otel_ttft.hooks.request import metrics as request_metrics
 from otel_ttft.hooks.request import spans as request_spans
-from otel_ttft.hooks.request.state import Handle, RequestRecord
+from otel_ttft.hooks.request.state import RequestRecord
 from otel_ttft.hooks.request.timeline import SCHEDULED
 from tests import analysis_fixtures as fx
 
@@ -68,10 +68,8 @@ def policy():
 
 def _record(ttft: float, model: str = "tiny", cold: bool = False, error: str | None = None,
             traceparent: str | None = None):
-    handle = Handle({"traceparent": traceparent} if traceparent else None, None, model,
-                    streaming=False)
-    rec = RequestRecord("req-1", "cmpl-1", handle, arrival=100.0)
-    handle.records.append(rec)
+    rec = RequestRecord("req-1", "cmpl-1", arrival=100.0)
+    rec.trace_headers = {"traceparent": traceparent} if traceparent else None
     rec.model, rec.prompt_len, rec.out_tokens, rec.cold, rec.error = model, 12, 4, cold, error
     rec.queued = 100.0 + ttft * 0.1
     rec.schedule = [(SCHEDULED, 100.0 + ttft * 0.3)]
@@ -162,7 +160,7 @@ def test_cold_slow_and_failed_requests_get_their_span_and_stage_children(policy,
                                       semconv.SPAN_REQUEST_FIRST_DECODE}
 
 
-def test_the_models_tail_gets_children_once_its_p95_is_known(policy):
+def test_the_models_tail_gets_children_once_its_p99_is_known(policy):
     policy()
     for i in range(64):  # 64 requests of 20-26 ms: the tail threshold settles near 26 ms
         req, kids = _emit(policy, _record(0.020 + (i % 7) * 0.001, model="m"))

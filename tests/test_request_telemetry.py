@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from otel_ttft import config, environment_variables, semconv, spans
 from otel_ttft.hooks.request import metrics as request_metrics
 from otel_ttft.hooks.request import spans as request_spans
-from otel_ttft.hooks.request.state import Handle, RequestRecord
+from otel_ttft.hooks.request.state import FlushBox, RequestRecord
 from otel_ttft.hooks.request.timeline import SCHEDULED
 
 
@@ -51,10 +51,10 @@ def _points(data, name):
 
 
 def _record(ext_id="cmpl-1", capture=False):
-    handle = Handle(None, None, "tiny", streaming=True, texts={0: "once upon"} if capture else None)
-    rec = RequestRecord("req-1", ext_id, handle, arrival=100.0)
-    handle.records.append(rec)
-    handle.first_out = 100.031
+    rec = RequestRecord("req-1", ext_id, arrival=100.0)
+    rec.queue, rec.streaming = object(), True  # served through a generate call
+    rec.flush = FlushBox(armed=True, first=100.031)  # the first chunk written to the client
+    rec.texts = {0: "once upon"} if capture else None
     rec.model, rec.prompt_len, rec.out_tokens = "tiny", 12, 4
     rec.prompt = "a secret prompt" if capture else None
     rec.queued, rec.schedule = 100.004, [(SCHEDULED, 100.010)]

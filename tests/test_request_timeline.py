@@ -9,7 +9,7 @@ from otel_ttft import clock, semconv
 from otel_ttft.hooks.request import payload
 from otel_ttft.hooks.request import spans as request_spans
 from otel_ttft.hooks.request.payload import EnginePayload
-from otel_ttft.hooks.request.state import Handle, RequestRecord
+from otel_ttft.hooks.request.state import FlushBox, RequestRecord
 from otel_ttft.hooks.request.timeline import (
     PREEMPTED,
     SCHEDULED,
@@ -128,10 +128,9 @@ def test_engine_payload_garbage_reads_as_none(value):
 
 
 def _record(headers):
-    handle = Handle(headers, None, "tiny", streaming=True)
-    rec = RequestRecord("req-1", "cmpl-1", handle, arrival=100.0)
-    handle.records.append(rec)
-    handle.first_out = 100.031
+    rec = RequestRecord("req-1", "cmpl-1", arrival=100.0)
+    rec.trace_headers, rec.streaming = headers, True
+    rec.flush = FlushBox(armed=True, first=100.031)  # the first chunk written to the client
     rec.model, rec.prompt_len, rec.out_tokens = "tiny", 12, 4
     rec.queued = 100.004
     rec.schedule = [(SCHEDULED, 100.010)]

@@ -5,23 +5,27 @@ Lifecycle of one request, hook by hook (``HOOKS`` below, in this order):
 
 API process (``api``):
 
-- ``request.generate`` -- ``AsyncLLM.generate``: a pass-through generator that remembers the
-  caller's parent context (the current HTTP span, else the incoming ``traceparent``, which vLLM
-  drops when its own tracing is off), when the first output was handed to the HTTP layer, and
-  closes the record however the request ends (finish, abort, disconnect, error) so that no
-  request is left unreported. Per later output it only hands the item on (the finish reasons
-  are read off the last one), unless output text is captured (opt-in).
 - ``request.flush`` -- starlette's ``StreamingResponse.stream_response``: when the chunk carrying
   the first token was written to the client.
+- ``request.caller`` -- ``AsyncLLM.add_request``: the caller's ``trace_headers``
+  (``traceparent``), which vLLM drops unless its own tracing is on.
 - ``request.add`` -- ``OutputProcessor.add_request``: the record, with vLLM's arrival time, prompt
-  size, sampling parameters, LoRA adapter and activation (cold/warm) bookkeeping.
+  size, sampling parameters, LoRA adapter and activation (cold/warm) bookkeeping. ``generate``
+  calls it in the HTTP response's task, so the current context is the caller's (the server span,
+  if any; else the caller's ``traceparent``) and the response that
+  streams it is known.
+- ``request.generate`` -- ``AsyncLLM.generate``, only with content capture opted in (the output
+  text per choice); otherwise vLLM's generator is left untouched.
 - ``request.outputs`` -- ``OutputProcessor.process_outputs`` (hot): the first output's engine
-  timestamp, QUEUED/SCHEDULED/PREEMPTED events and the EngineCore payload; the second token's time.
-  Per output: two attribute reads and a lookup among the requests still waiting for their first
-  two tokens (``state.fresh``); output tokens are counted once, from vLLM's state, at the end.
-- ``request.finish`` / ``request.abort`` / ``request.error`` -- ``_finish_request``,
-  ``abort_requests``, ``propagate_error``: requests that do not come through ``generate``
-  (offline ``LLMEngine``) are closed here.
+  timestamp, QUEUED/SCHEDULED/PREEMPTED events and the EngineCore payload; the second token's time;
+  the requests this step ended (a final output, or a stop string: ``reqs_to_abort``). Per output:
+  two attribute reads and a lookup among the requests still waiting for their first two tokens
+  (``state.fresh``); output tokens are counted once, from vLLM's state, at the end.
+- ``request.abort`` / ``request.error`` -- ``abort_requests``, ``propagate_error``: requests that
+  end otherwise. An offline (``LLMEngine``)
+  request is emitted when it finishes; one a ``generate`` call consumes once that call took its
+  final output from the queue (looked at on the event loop right after), or, if the caller left
+  first (vLLM aborts on the way out), as aborted: no request is left unreported.
 - ``request.vllm_span`` -- ``OutputProcessor.do_tracing``: when vLLM's own tracing is on, its
   ``llm_request`` is not emitted; its attributes are carried by ours (one span per request).
 
@@ -47,11 +51,11 @@ from otel_ttft import semconv
 from otel_ttft.hooks.registry import Hook
 from otel_ttft.hooks.request import engine, worker
 from otel_ttft.hooks.request.api import (
-    Generate,
+    CaptureText,
     wrap_abort_requests,
     wrap_add_request,
     wrap_do_tracing,
-    wrap_finish_request,
+    wrap_engine_add_request,
     wrap_process_outputs,
     wrap_propagate_error,
     wrap_stream_response,
@@ -61,14 +65,15 @@ API_SERVER, ENGINE_CORE, WORKER = "api_server", "engine_core", "worker"
 _OP = "vllm.v1.engine.output_processor:OutputProcessor"
 _SCHED = "vllm.v1.core.sched.scheduler:Scheduler"
 HOOKS: list[Hook] = [
-    Hook("request.generate", "vllm.v1.engine.async_llm:AsyncLLM.generate", Generate,
-         process=API_SERVER),
     Hook("request.flush", "starlette.responses:StreamingResponse.stream_response",
          wrap_stream_response, stage=semconv.STAGE_FRONTEND, process=API_SERVER,
          optional=True),
+    Hook("request.caller", "vllm.v1.engine.async_llm:AsyncLLM.add_request",
+         wrap_engine_add_request, process=API_SERVER),
     Hook("request.add", f"{_OP}.add_request", wrap_add_request, process=API_SERVER),
+    Hook("request.generate", "vllm.v1.engine.async_llm:AsyncLLM.generate", CaptureText,
+         process=API_SERVER),
     Hook("request.outputs", f"{_OP}.process_outputs", wrap_process_outputs, process=API_SERVER),
-    Hook("request.finish", f"{_OP}._finish_request", wrap_finish_request, process=API_SERVER),
     Hook("request.abort", f"{_OP}.abort_requests", wrap_abort_requests, process=API_SERVER),
     Hook("request.error", f"{_OP}.propagate_error", wrap_propagate_error, process=API_SERVER),
     Hook("request.vllm_span", f"{_OP}.do_tracing", wrap_do_tracing, process=API_SERVER),

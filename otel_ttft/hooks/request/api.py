@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from functools import cache
@@ -10,20 +11,20 @@ from typing import Any
 from opentelemetry import context as otel_context
 
 from otel_ttft import config, semconv, spans
-from otel_ttft.hooks.registry import ABORTED, FAILED, Stream
+from otel_ttft.hooks.registry import Stream, report_failure
 from otel_ttft.hooks.request import cold, state
 from otel_ttft.hooks.request import spans as request_spans
 from otel_ttft.hooks.request.state import (
+    CALLER_HEADERS,
     FLUSH,
-    HANDLE,
+    TEXTS,
     FlushBox,
-    Handle,
     RequestRecord,
-    done,
     forget,
     fresh,
     live,
     output_tokens,
+    settling,
 )
 
 
@@ -35,120 +36,90 @@ def _output_kinds() -> tuple[int, int]:
     return K.DELTA.value, K.FINAL_ONLY.value
 
 
-# --- AsyncLLM.generate --------------------------------------------------------------------------
+# --- AsyncLLM.generate: content capture only ------------------------------------------------------
 
-class Generate(Stream):
-    """One ``generate`` call, seen through the registry's pass-through: the caller's context,
-    when the first output was handed over, and how the stream ended (so that no request is left
-    unreported, however it ends)."""
+class CaptureText(Stream):
+    """Opt-in content capture: the text ``generate`` hands to the HTTP layer, per choice. Without
+    capture ``open`` returns ``None`` and vLLM's generator is handed back untouched: a pass-through
+    generator cost every request about 12 us and every streamed output a frame switch, and all
+    else about a request is seen from the ``OutputProcessor``."""
 
-    __slots__ = ("handle", "each_item")
+    __slots__ = ("texts", "delta")
 
-    def __init__(self, handle: Handle):
-        self.handle = handle
-        self.each_item = handle.texts is not None  # only captured text needs every output
+    def __init__(self, delta: bool):
+        self.texts: dict[int, str] = {}
+        self.delta = delta
 
     @classmethod
-    def open(cls, instance: Any, args: tuple, kwargs: dict) -> Generate | None:
-        if not state.telemetry_on():
+    def open(cls, instance: Any, args: tuple, kwargs: dict) -> CaptureText | None:
+        if not config.current.capture_content or not state.telemetry_on():
             return None
-        return cls(_new_handle(instance, args, kwargs))
+        params = args[1] if len(args) > 1 else kwargs.get("sampling_params")
+        delta, _ = _output_kinds()
+        return cls(getattr(getattr(params, "output_kind", None), "value", None) == delta)
 
     def enter(self) -> Any:
-        """vLLM's first step runs ``add_request``, which finds this call through ``HANDLE``."""
-        self.handle.flush = FLUSH.get()
-        return HANDLE.set(self.handle)
+        """vLLM's first step runs ``add_request``, which finds the texts through ``TEXTS``."""
+        return TEXTS.set(self.texts)
 
     def leave(self, token: Any) -> None:
-        HANDLE.reset(token)
-
-    def first(self, item: Any) -> None:
-        handle = self.handle
-        handle.first_out = time.monotonic()
-        if handle.flush is not None:
-            handle.flush.armed = True
-        self.item(item)
+        TEXTS.reset(token)
 
     def item(self, item: Any) -> None:
-        """Captured text only (opt-in); the finish reasons are read off the last item."""
-        if self.handle.texts is not None:
-            _note_text(self.handle, item)
-
-    def close(self, outcome: str, error: BaseException | None, last: Any) -> None:
-        handle = self.handle
-        if last is not None and last.finished:  # the final output was handed over
-            handle.finish = [str(o.finish_reason) for o in last.outputs if o.finish_reason]
-        if outcome == ABORTED:
-            handle.aborted = True
-        elif outcome == FAILED:
-            handle.error = f"{type(error).__name__}: {error}"
-        _close_handle(handle)
+        texts = self.texts
+        for o in item.outputs:
+            texts[o.index] = (texts.get(o.index, "") + o.text) if self.delta else o.text
 
 
-def _new_handle(instance: Any, args: tuple, kwargs: dict) -> Handle:
-    params = args[1] if len(args) > 1 else kwargs.get("sampling_params")
-    delta, final_only = _output_kinds()
-    output_kind = getattr(getattr(params, "output_kind", None), "value", 0)
-    streaming = output_kind != final_only and (getattr(params, "n", 1) or 1) == 1
-    model_config = getattr(instance, "model_config", None)
-    model = getattr(model_config, "served_model_name", None) or spans.served_model
-    if isinstance(model, (list, tuple)):
-        model = model[0] if model else None
-    # The parent is resolved when the spans are built, off the request's path.
-    return Handle(kwargs.get("trace_headers"), otel_context.get_current(),
-                  str(model) if model else None, streaming, delta=output_kind == delta,
-                  texts={} if config.current.capture_content else None)
+# --- AsyncLLM.add_request: the caller's trace headers ---------------------------------------------
 
-
-def _note_text(handle: Handle, out: Any) -> None:
-    """Opt-in only: the text handed to the HTTP layer, per choice."""
-    texts = handle.texts
-    for o in out.outputs:
-        texts[o.index] = (texts.get(o.index, "") + o.text) if handle.delta else o.text
-
-
-def _close_handle(handle: Handle) -> None:
-    now = time.monotonic()
-    for rec in handle.records:
-        forget(rec.rid)
-        if handle.error and rec.error is None and rec.rejected is None:
-            rec.error = handle.error
-        if handle.aborted and not handle.finish:
-            # The caller left before the final output reached it: aborted, even if the engine
-            # had finished the request meanwhile (its final output was still queued for us).
-            rec.aborted = True
-        request_spans.emit_request(rec, now)
-    handle.records.clear()
+def wrap_engine_add_request(call: Callable[..., Any], instance: Any, args: tuple,
+                            kwargs: dict) -> Any:
+    """Notes the caller's ``trace_headers`` before vLLM drops them (it keeps them only for its
+    own tracing): a plain function, so no extra coroutine. ``generate`` awaits this in the task
+    that then runs ``OutputProcessor.add_request``, where the record reads them."""
+    CALLER_HEADERS.set(kwargs.get("trace_headers", args[6] if len(args) > 6 else None))
+    return call(*args, **kwargs)
 
 
 # --- OutputProcessor.add_request -----------------------------------------------------------------
 
 def wrap_add_request(call: Callable[..., Any], instance: Any, args: tuple,
                      kwargs: dict) -> Any:
-    """Once per request. The record starts at vLLM's own arrival time."""
+    """Once per request. The record starts at vLLM's own arrival time. ``AsyncLLM.generate``
+    calls this in its own task (the HTTP response's): the current context holds the server span,
+    if any, and ``FLUSH`` the response that streams the request."""
     result = call(*args, **kwargs)
     request = args[0] if args else kwargs["request"]
     rid = request.request_id
-    if rid in live or not state.telemetry_on():
-        return result  # a streaming-input continuation, or no provider to report to
-    mono_minus_wall = time.monotonic() - time.time()
-    handle = HANDLE.get()
-    rec = RequestRecord(rid, request.external_req_id or rid, handle,
-                        request.arrival_time + mono_minus_wall)
-    rec.params = request.sampling_params
+    if rid in live:  # a streaming-input continuation: vLLM may end the request here
+        if rid not in instance.request_states:
+            _end([live[rid]], time.monotonic())
+        return result
+    if not state.telemetry_on():
+        return result  # no provider to report to
+    rec = RequestRecord(rid, request.external_req_id or rid,
+                        request.arrival_time + time.monotonic() - time.time(),
+                        otel_context.get_current())
+    params = rec.params = request.sampling_params
     rec.lora = request.lora_request
-    rec.trace_headers = request.trace_headers
-    req_state = instance.request_states.get(rid)
-    rec.prompt_len = getattr(req_state, "prompt_len", None)
+    rec.trace_headers = request.trace_headers or CALLER_HEADERS.get()
+    req_state = rec.state = instance.request_states.get(rid)
+    if req_state is not None:
+        rec.prompt_len = req_state.prompt_len
+        if req_state.queue is not None and req_state.parent_req is None:  # one generate call
+            rec.queue = req_state.queue
+            _, final_only = _output_kinds()
+            if getattr(getattr(params, "output_kind", None), "value", final_only) != final_only:
+                rec.streaming = True
+                rec.flush = FLUSH.get()
     if config.current.capture_content:
         prompt = args[1] if len(args) > 1 else kwargs.get("prompt")
         rec.prompt = prompt if isinstance(prompt, str) else None
-    rec.model = (rec.lora.lora_name if rec.lora is not None
-                 else (handle.model if handle is not None else spans.served_model))
+        rec.texts = TEXTS.get()
+    rec.model = rec.lora.lora_name if rec.lora is not None else spans.served_model
     cold.note_activation(rec)
     live[rid] = fresh[rid] = rec
-    if handle is not None:
-        handle.records.append(rec)
     return result
 
 
@@ -156,21 +127,30 @@ def wrap_add_request(call: Callable[..., Any], instance: Any, args: tuple,
 
 def wrap_process_outputs(call: Callable[..., Any], instance: Any, args: tuple,
                          kwargs: dict) -> Any:
-    if live:
-        _observe(args, kwargs)
+    ending = _observe(args, kwargs) if live else None
     result = call(*args, **kwargs)
-    if done:
-        _flush_done()
+    stopped = result.reqs_to_abort  # ended by a stop string the detokenizer found
+    if ending or stopped:
+        states = instance.request_states
+        for rid in stopped:
+            rec = live.get(rid)
+            if rec is not None:
+                rec.finish = rec.finish or "stop"
+                ending = [*(ending or ()), rec]
+        # vLLM freed them (a streaming-input request may take its next chunk instead); its own
+        # tracing, if on, ran already: its attributes are ours to carry.
+        _end([rec for rec in ending if rec.rid not in states], time.monotonic())
     return result
 
 
-def _observe(args: tuple, kwargs: dict) -> None:
+def _observe(args: tuple, kwargs: dict) -> list[RequestRecord] | None:
     """Per output, two attribute reads and one lookup in ``fresh``; the record only for a
     request's first two outputs, scheduling events and its final output (tokens are counted
-    once, when it ends)."""
+    once, when it ends). Returns the records whose final output this is."""
     outputs = args[0] if args else kwargs["engine_core_outputs"]
     ts = args[1] if len(args) > 1 else kwargs.get("engine_core_timestamp")
     now = None
+    ending = None
     for eco in outputs:
         if eco.events is None and eco.finish_reason is None and eco.request_id not in fresh:
             continue
@@ -183,40 +163,79 @@ def _observe(args: tuple, kwargs: dict) -> None:
             rec.on_first(eco, ts or now, now)
         else:
             rec.on_output(eco, ts or time.monotonic())
+        if eco.finish_reason is not None:
+            if ending is None:
+                ending = []
+            ending.append(rec)
+    return ending
 
 
-def _flush_done() -> None:
-    finished = list(done)
-    done.clear()
-    now = time.monotonic()
-    for rec in finished:
+def _end(records: list[RequestRecord], now: float) -> None:
+    """Requests vLLM's ``OutputProcessor`` let go: emitted now, or once their ``generate`` call
+    took the final output (``settling``)."""
+    for rec in records:
         forget(rec.rid)
-        if rec.handle is None:
-            request_spans.emit_request(rec, rec.done or now)
+        rec.done = now
+        rec.out_tokens = output_tokens(rec.state) or rec.out_tokens
+        if rec.queue is None:  # nobody takes its outputs from a queue: emitted at once
+            request_spans.emit_request(rec, now)
+        else:
+            settling[rec.rid] = rec
+    if settling:
+        _settle_later(0.0)
 
 
-def wrap_finish_request(call: Callable[..., Any], instance: Any, args: tuple,
-                        kwargs: dict) -> Any:
-    """The request left the OutputProcessor normally."""
-    result = call(*args, **kwargs)
-    req_state = args[0] if args else kwargs["req_state"]
-    rec = live.get(req_state.request_id)
-    if rec is not None and rec.done is None:
-        rec.done = time.monotonic()
-        rec.out_tokens = output_tokens(req_state) or rec.out_tokens
-        done.append(rec)
-    return result
+_SETTLE_RETRY_S = 0.05  # a caller still busy (writing the previous chunk) takes it later
+_SETTLE_GIVE_UP_S = 10.0  # then it is emitted as finished (a caller that stopped reading)
+_settle_scheduled: dict[float, Any] = {}  # delay -> the event loop a look is scheduled on
+
+
+def _settle_later(delay: float) -> None:
+    """One look at ``settling`` on this event loop: right after the callbacks queued so far
+    (``delay`` 0: the ``generate`` task woken by the final output runs before us and takes it,
+    unless its caller has left), or a retry ``delay`` seconds on."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # an output queue outside an event loop: nothing will take it later
+        _settle(give_up=True)
+        return
+    if _settle_scheduled.get(delay) is loop:
+        return
+    _settle_scheduled[delay] = loop
+    if delay:
+        loop.call_later(delay, _settle, False, delay)
+    else:
+        loop.call_soon(_settle, False, delay)
+
+
+def _settle(give_up: bool = False, delay: float | None = None) -> None:
+    """Emits the finished requests whose final output their ``generate`` call took. A caller
+    that leaves first is seen by ``wrap_abort_requests`` (vLLM aborts on the way out)."""
+    _settle_scheduled.pop(delay, None)
+    now = time.monotonic()
+    try:
+        for rid, rec in list(settling.items()):
+            if rec.queue.output is None or give_up or now - rec.done > _SETTLE_GIVE_UP_S:
+                del settling[rid]
+                request_spans.emit_request(rec, now)
+    except Exception as exc:  # noqa: BLE001 - ours, outside any wrapper: the hooks' failure rule
+        from otel_ttft.hooks.request import HOOKS
+
+        settling.clear()
+        report_failure(next(h for h in HOOKS if h.name == "request.outputs"), exc)
+        return
+    if settling:
+        _settle_later(_SETTLE_RETRY_S)
 
 
 def wrap_abort_requests(call: Callable[..., Any], instance: Any, args: tuple,
                         kwargs: dict) -> Any:
-    """Aborted requests (client gone, stop string, shutdown) are closed too."""
+    """Aborted requests (client gone, shutdown) are closed too."""
     request_ids = args[0] if args else kwargs.get("request_ids", ())
     if not isinstance(request_ids, (list, tuple, set, frozenset)):
         request_ids = list(request_ids)  # read it here and hand vLLM the same ids
         args, kwargs = ((request_ids, *args[1:]), kwargs) if args else (
             args, {**kwargs, "request_ids": request_ids})
-    counts = _token_counts(instance, request_ids)
     aborted = call(*args, **kwargs)
     now = time.monotonic()
     for rid in aborted or ():
@@ -225,42 +244,31 @@ def wrap_abort_requests(call: Callable[..., Any], instance: Any, args: tuple,
             continue
         rec.aborted = rec.finish is None
         rec.done = rec.done or now
-        rec.out_tokens = counts.get(rid) or rec.out_tokens
-        if rec.handle is None:
-            request_spans.emit_request(rec, now)
+        rec.out_tokens = output_tokens(rec.state) or rec.out_tokens
+        request_spans.emit_request(rec, now)
+    if settling:
+        for rid in request_ids:
+            rec = settling.pop(rid, None)
+            if rec is not None:
+                # Finished in the engine, but the caller left before taking the final output
+                # (still in its queue): the caller never got it, so the request was aborted.
+                rec.aborted = rec.queue.output is not None
+                request_spans.emit_request(rec, now)
     return aborted
-
-
-def _token_counts(instance: Any, request_ids: Any) -> dict[str, int | None]:
-    """Output tokens of the records about to be aborted (by internal or external id), read
-    before vLLM drops their state."""
-    states = instance.request_states
-    external = getattr(instance, "external_req_ids", {})
-    counts: dict[str, int | None] = {}
-    for rid in request_ids:
-        for internal in (rid, *external.get(rid, ())):
-            req_state = states.get(internal)
-            if req_state is not None and internal in live:
-                counts[internal] = output_tokens(req_state)
-    return counts
 
 
 def wrap_propagate_error(call: Callable[..., Any], instance: Any, args: tuple,
                          kwargs: dict) -> Any:
     """An engine failure reaches every open request."""
     exc = args[0] if args else kwargs.get("e")
-    states = instance.request_states
-    for rid, rec in live.items():
-        if rid in states:
-            rec.out_tokens = output_tokens(states[rid]) or rec.out_tokens
     result = call(*args, **kwargs)
     now = time.monotonic()
     for rid, rec in list(live.items()):
         rec.error = f"{type(exc).__name__}: {exc}"
+        rec.out_tokens = output_tokens(rec.state) or rec.out_tokens
         rec.done = rec.done or now
-        if rec.handle is None:
-            forget(rid)
-            request_spans.emit_request(rec, now)
+        forget(rid)
+        request_spans.emit_request(rec, now)
     return result
 
 

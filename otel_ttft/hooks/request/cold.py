@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from otel_ttft import config
+from otel_ttft.hooks import activation
 
 _key: Any = None  # (kind, start_ns) of the activation being counted
 _count = 0
@@ -14,9 +15,7 @@ _count = 0
 def note_activation(rec: Any) -> None:
     """Sets ``rec.activation``, ``rec.cold_index`` and ``rec.cold`` from the latest activation."""
     global _key, _count
-    from otel_ttft.hooks.activation import last_activation
-
-    act = last_activation()
+    act = activation.last_activation()
     if act is None:
         return
     key = (act.kind, act.start_ns)

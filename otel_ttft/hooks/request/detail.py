@@ -6,7 +6,7 @@ attribute, the export thread sends it): on a busy server that is most of our cos
 (``auto``) the ``llm_request`` span, with its stage children, is built for the requests someone
 will open: cold ones (the first requests after an activation, or one that waited for a compile or
 an adapter), slow ones (TTFT above ``OTEL_TTFT_REQUEST_DETAIL_SLOW_MS``), the model's tail (above
-its running p95 over its latest 256 requests), failed or aborted ones, and a sampled share of the
+its running p99 over its latest 256 requests), failed or aborted ones, and a sampled share of the
 rest (``OTEL_TTFT_REQUEST_DETAIL_RATIO``). A request the caller traces (a sampled
 ``traceparent``, or a recording server span around it, e.g. a replay's) always gets its span,
 with the stage durations as attributes; its children only for one of the reasons above.
@@ -27,7 +27,7 @@ _RATIO_BITS = 1 << 56
 
 
 class _Tail:
-    """The latest TTFTs of one model and the p95 of them, recomputed every few requests."""
+    """The latest TTFTs of one model and the p99 of them, recomputed every few requests."""
 
     __slots__ = ("values", "count", "threshold", "credit")
 
@@ -35,11 +35,11 @@ class _Tail:
         self.values: list[float] = []
         self.count = 0
         self.threshold: float | None = None
-        self.credit = 0.0  # tail requests still allowed: at most 5 % of all, bursts of 8
+        self.credit = 1.0  # tail requests still allowed: at most 1 % of all, bursts of 8
 
     def above(self, ttft: float) -> bool:
         """Whether ``ttft`` is in the tail of the requests before it; then remembers it. A load
-        spike puts every request above the old p95: the credit keeps that to 5 % of requests
+        spike puts every request above the old p99: the credit keeps that to 1 % of requests
         (the slow threshold still catches every slow one)."""
         self.credit = min(self.credit + 1 - semconv.REQUEST_DETAIL_TAIL_QUANTILE, 8.0)
         above = self.threshold is not None and ttft > self.threshold and self.credit >= 1

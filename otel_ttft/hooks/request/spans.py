@@ -181,8 +181,7 @@ _PARAMS = (
 
 def emit_request(rec: RequestRecord, now: float) -> None:
     """The request's span tree and metric samples (its hooks' failure rule applies)."""
-    handle = rec.handle
-    end = now if handle is not None else (rec.done or now)
+    end = now
     eng = rec.engine
     queued = rec.queued if rec.queued is not None or eng is None else eng.queued
     schedule = rec.schedule or (eng.schedule if eng is not None else [])
@@ -192,12 +191,10 @@ def emit_request(rec: RequestRecord, now: float) -> None:
                 rec.late_preemptions.append(ts)
     ttft_end = None
     if rec.first_tok is not None:
+        # The first chunk written to the client if we saw it, else the API process got it.
         ttft_end = rec.recv
-        if (handle is not None and handle.streaming and handle.first_out is not None
-                and len(handle.records) == 1):
-            # The first chunk written to the client if we saw it, else the hand-off to it.
-            flushed = handle.flush.first if handle.flush is not None else None
-            ttft_end = max(flushed or handle.first_out, rec.recv)
+        if rec.streaming and rec.flush is not None and rec.flush.first is not None:
+            ttft_end = max(rec.flush.first, rec.recv)
     ttft = (ttft_end - rec.arrival) if ttft_end is not None else None
     first_decode = ((rec.first_tok, rec.second_tok)
                     if rec.first_tok is not None and rec.second_tok is not None else None)
@@ -209,12 +206,9 @@ def emit_request(rec: RequestRecord, now: float) -> None:
     warmup = _warmup_spans(eng)
     if warmup:
         rec.cold = True  # it waited for warm-up work (a compile, its adapter's load)
-    error = rec.rejected or rec.error or (handle.error if handle is not None else None)
-    aborted = rec.aborted or (handle is not None and handle.aborted
-                              and not (handle.finish or rec.finish))
-    caller = _caller(handle.headers, handle.context) if handle is not None else (
-        _caller(rec.trace_headers, None))
-    detail = request_detail.reason(cold=rec.cold, ttft=ttft, failed=bool(error or aborted),
+    error = rec.rejected or rec.error
+    caller = _caller(rec.trace_headers, rec.context)
+    detail = request_detail.reason(cold=rec.cold, ttft=ttft, failed=bool(error or rec.aborted),
                                    model=rec.model)
     if detail is None and request_detail.sampled(caller.trace_id if caller.is_valid else None):
         detail = semconv.DETAIL_SAMPLED
@@ -222,10 +216,7 @@ def emit_request(rec: RequestRecord, now: float) -> None:
     # vLLM's own tracing on (``rec.vllm``): the user asked for a span per request; ours is it.
     traced = (caller.is_valid and caller.trace_flags.sampled) or rec.vllm is not None
     if request_detail.wants_span(detail, traced=traced):
-        if handle is not None:
-            parent, kind = parent_context(handle.headers, handle.context)
-        else:
-            parent, kind = parent_context(rec.trace_headers, None)
+        parent, kind = parent_context(rec.trace_headers, rec.context)
         segments = ([] if rec.rejected is not None
                     else tile(rec.arrival, queued, schedule, rec.first_tok, ttft_end, end))
         span = emit_tree(
@@ -330,16 +321,13 @@ def _attributes(rec: RequestRecord, eng: EnginePayload | None, ttft: float | Non
             if value is not None and isinstance(value, (int, float)) and value != -1 \
                     and value != unset:
                 attrs[key] = value
-    handle = rec.handle
-    finish = handle.finish if handle is not None and handle.finish else (
-        [rec.finish] if rec.finish else None)
-    if finish:
-        attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = finish
+    if rec.finish:
+        attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = [rec.finish]
     if ttft is not None:
         attrs[semconv.ATTR_REQUEST_TTFT] = ttft
-    if handle is not None:
-        attrs[semconv.ATTR_REQUEST_STREAMING] = handle.streaming
-    if rec.aborted or (handle is not None and handle.aborted and not finish):
+    if rec.queue is not None:  # served through a ``generate`` call
+        attrs[semconv.ATTR_REQUEST_STREAMING] = rec.streaming
+    if rec.aborted:
         attrs[semconv.ATTR_REQUEST_ABORTED] = True
     attrs[semconv.ATTR_REQUEST_SCHEDULE_KNOWN] = any(k == SCHEDULED for k, _ in schedule)
     if rec.rejected is not None:
@@ -375,10 +363,10 @@ def _attributes(rec: RequestRecord, eng: EnginePayload | None, ttft: float | Non
         if rec.prompt is not None:
             attrs[semconv.GEN_AI_INPUT_MESSAGES] = json.dumps(
                 [{"role": "user", "parts": [{"type": "text", "content": rec.prompt}]}])
-        if handle is not None and handle.texts:
+        if rec.texts:
             attrs[semconv.GEN_AI_OUTPUT_MESSAGES] = json.dumps(
                 [{"role": "assistant", "parts": [{"type": "text", "content": text}]}
-                 for _, text in sorted(handle.texts.items())])
+                 for _, text in sorted(rec.texts.items())])
     return attrs
 
 

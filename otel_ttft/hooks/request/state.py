@@ -1,5 +1,6 @@
-"""Per-request state in the API process: the record of one engine request and the handle of one
-``generate`` call. Times are ``time.monotonic()`` seconds (host-wide: EngineCore's compare)."""
+"""Per-request state in the API process: the record of one engine request, from
+``OutputProcessor.add_request`` until it is emitted. Times are ``time.monotonic()`` seconds
+(host-wide: EngineCore's compare)."""
 
 from __future__ import annotations
 
@@ -45,39 +46,9 @@ class FlushBox:
     """When the first body chunk after our first output left for the client."""
 
     armed: bool = False
-    """Set once ``generate`` handed over its first output."""
+    """Set once the API process received the request's first output."""
     first: float | None = None
     """When the server finished writing that chunk."""
-
-
-@dataclass(slots=True, eq=False)
-class Handle:
-    """One ``generate`` call: its parent context and what the HTTP layer was given."""
-
-    headers: Any
-    """The caller's ``trace_headers`` (``traceparent``), for the parent when no span is current."""
-    context: otel_context.Context | None
-    """The context current when ``generate`` was called (the HTTP server span, if any)."""
-    model: str | None
-    """The served model name."""
-    streaming: bool
-    """Outputs stream to the client (TTFT ends at the first chunk, not at the last)."""
-    delta: bool = False
-    """Outputs are deltas (``RequestOutputKind.DELTA``): captured text is concatenated."""
-    records: list[RequestRecord] = field(default_factory=list)
-    """The engine requests of this call (``n > 1`` makes several)."""
-    first_out: float | None = None
-    """When the first output was handed to the HTTP layer."""
-    finish: list[str] | None = None
-    """Finish reasons of the final output, once it was handed over."""
-    texts: dict[int, str] | None = None
-    """Output text per choice; only with content capture opted in."""
-    error: str | None = None
-    """vLLM's error, if ``generate`` raised."""
-    aborted: bool = False
-    """The consumer left (closed or cancelled the stream) before the final output."""
-    flush: FlushBox | None = None
-    """The HTTP response streaming this request, if any."""
 
 
 @dataclass(slots=True, eq=False)
@@ -88,12 +59,24 @@ class RequestRecord:
     """vLLM's internal request id."""
     ext_id: str
     """The external (client-facing) request id."""
-    handle: Handle | None
-    """Its ``generate`` call; ``None`` for offline ``LLMEngine`` requests."""
     arrival: float
     """vLLM's arrival time (the request span's start)."""
+    context: otel_context.Context | None = None
+    """The context current when vLLM took the request (in ``generate``'s task: the HTTP server
+    span, if any), for the parent and the sampled share."""
+    queue: Any = None
+    """vLLM's ``RequestOutputCollector`` when a ``generate`` call consumes the outputs; ``None``
+    for offline ``LLMEngine`` requests."""
+    streaming: bool = False
+    """Outputs stream to the client (TTFT ends at the first chunk written, not at the last)."""
+    flush: FlushBox | None = None
+    """The HTTP response streaming this request, if any."""
+    texts: dict[int, str] | None = None
+    """Output text per choice of its ``generate`` call; only with content capture opted in."""
     model: str | None = None
     """Served model or LoRA adapter name."""
+    state: Any = None
+    """vLLM's ``RequestState`` (its token counts are read once, when the request ends)."""
     params: Any = None
     """vLLM's ``SamplingParams``."""
     prompt_len: int | None = None
@@ -145,6 +128,8 @@ class RequestRecord:
     # -- what the first output says (once) -------------------------------------------------------
     def on_first(self, eco: Any, ts: float, now: float) -> None:
         self.recv = now
+        if self.flush is not None:  # the next body chunk of its response carries this output
+            self.flush.armed = True
         error = getattr(eco, "error", None)  # vLLM >= 0.33: rejected on arrival, nothing ran
         if error is not None:
             self.rejected = f"{getattr(error, 'code', 'error')}: {getattr(error, 'message', '')}"
@@ -213,11 +198,18 @@ def output_tokens(req_state: Any) -> int | None:
         return stats.num_generation_tokens
     detokenizer = getattr(req_state, "detokenizer", None)
     return detokenizer.num_output_tokens() if detokenizer is not None else None
-done: list[RequestRecord] = []
-"""Finished inside ``process_outputs``; emitted once vLLM's own tracing ran."""
-HANDLE: contextvars.ContextVar[Handle | None] = contextvars.ContextVar("otel_ttft_request",
-                                                                         default=None)
-"""The ``generate`` call whose first step is running (read by ``add_request``)."""
+
+settling: dict[str, RequestRecord] = {}
+"""Finished in the engine, its final output still on the way to its ``generate`` call: emitted
+once the caller took it (finished), or when the caller leaves first (aborted)."""
+CALLER_HEADERS: contextvars.ContextVar[Any] = contextvars.ContextVar("otel_ttft_caller",
+                                                                   default=None)
+"""The ``trace_headers`` of this task's latest ``AsyncLLM.add_request`` call, as the caller sent
+them (vLLM drops them when its own tracing is off; they name the caller's trace)."""
+TEXTS: contextvars.ContextVar[dict[int, str] | None] = contextvars.ContextVar(
+    "otel_ttft_texts", default=None)
+"""Content capture only: the texts of the ``generate`` call whose first step is running."""
 FLUSH: contextvars.ContextVar[FlushBox | None] = contextvars.ContextVar("otel_ttft_flush",
                                                                        default=None)
-"""The streaming HTTP response this task writes, if any (read by ``generate``)."""
+"""The streaming HTTP response this task writes, if any (read by ``add_request``, which runs in
+the response's task)."""
