@@ -23,6 +23,9 @@ _ENTRY_POINT_GROUPS = ("opentelemetry_instrumentor", "vllm.general_plugins",
                        "opentelemetry_distro", "opentelemetry_configurator")
 
 
+_NEEDS = {"capture_content": "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true"}
+
+
 def _vllm_module_version() -> str | None:
     try:
         import vllm
@@ -65,7 +68,7 @@ def collect() -> dict[str, Any]:
         ok, detail = resolve(hook) if module_version is not None else (False, "vllm not importable")
         hooks.append({"name": hook.name, "target": hook.target, "process": hook.process,
                       "stage": hook.stage, "resolved": ok, "optional": hook.optional,
-                      "detail": detail})
+                      "needs": hook.needs, "detail": detail})
     from otel_ttft.hooks.load_formats import loader_report
 
     loaders = loader_report({h["name"]: h["resolved"] for h in hooks})
@@ -102,6 +105,8 @@ def render(report: dict[str, Any]) -> str:
     for h in report["hooks"]:
         mark = "ok     " if h["resolved"] else "absent " if h["optional"] else "MISSING"
         detail = "" if h["resolved"] else f"  ({h['detail']})"
+        if h.get("needs"):  # applied only with that setting on
+            detail += f"  (applied only with {_NEEDS.get(h['needs'], h['needs'])})"
         lines.append(f"  {mark} {h['name']:<28} {h['target']}{detail}")
     lines.append("load formats (shard read spans):")
     for row in report.get("loaders", []):

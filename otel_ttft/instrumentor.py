@@ -12,7 +12,7 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
 from otel_ttft import config, ids, metrics, spans
 from otel_ttft.hooks import all_hooks
-from otel_ttft.hooks.registry import HookSet
+from otel_ttft.hooks.registry import Hook, HookSet
 from otel_ttft.package import _instruments_any
 from otel_ttft.vllm_version import SUPPORTED, installed_vllm
 
@@ -44,7 +44,7 @@ class VllmTTFTInstrumentor(BaseInstrumentor):
         request_metrics.reset()
         ids.install()
         self._hooks = HookSet(all_hooks())
-        self._hooks.apply(disabled=cfg.disabled_hooks)
+        self._hooks.apply(disabled=disabled_hooks(self._hooks.hooks, cfg))
 
     def _uninstrument(self, **kwargs: Any) -> None:
         if self._hooks is not None:
@@ -56,6 +56,13 @@ class VllmTTFTInstrumentor(BaseInstrumentor):
         ids.uninstall()
         config.configure(config.Config())
         spans.use_tracer_provider(None)
+
+
+def disabled_hooks(hooks: Collection[Hook], cfg: config.Config) -> set[str]:
+    """Hooks left out: those the user disabled, and those whose setting is off (``Hook.needs``:
+    e.g. no wrapper around ``generate`` unless output text is captured)."""
+    return set(cfg.disabled_hooks) | {h.name for h in hooks
+                                      if h.needs is not None and not getattr(cfg, h.needs)}
 
 
 def instrument_once() -> VllmTTFTInstrumentor:

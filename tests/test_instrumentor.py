@@ -53,3 +53,16 @@ def test_loaded_twice_instruments_once_and_uninstrument_undoes_it():
         instrumentor.uninstrument()
     assert CPUWorker.__dict__["init_device"] is original
     assert not isinstance(GPUModelRunner.__dict__["initialize_kv_cache"], wrapt.FunctionWrapper)
+
+
+def test_generate_is_wrapped_only_when_output_text_is_captured():
+    from otel_ttft.config import Config
+    from otel_ttft.hooks import all_hooks
+    from otel_ttft.instrumentor import disabled_hooks
+
+    hooks = all_hooks()
+    assert disabled_hooks(hooks, Config()) == {"request.generate"}
+    assert disabled_hooks(hooks, Config(capture_content=True)) == set()
+    assert disabled_hooks(hooks, Config(capture_content=True,
+                                        disabled_hooks=frozenset({"request.flush"}))) == {
+        "request.flush"}

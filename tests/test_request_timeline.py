@@ -86,17 +86,21 @@ def test_stage_durations_are_the_tiles_totals_whatever_the_clocks():
     for _ in range(5000):
         arrival = 10.0
         t = [arrival + rng.uniform(-0.01, 0.05) for _ in range(4)]
+        if rng.random() < 0.5:  # clocks in order, as they nearly always are
+            t = sorted(max(v, arrival) for v in t)
         queued = None if rng.random() < 0.1 else t[0]
         schedule = rng.choice([[(SCHEDULED, t[1])], [(SCHEDULED, t[1])], [],
                                [(SCHEDULED, t[1]), (PREEMPTED, t[2]), (SCHEDULED, t[3])]])
         first, ttft_end = t[2], rng.choice([None, t[3], t[2] + 0.001])
         want = stage_totals(tile(arrival, queued, schedule, first, ttft_end, first + 1))
         got = stage_durations(arrival, queued, schedule, first, ttft_end)
-        fast += queued is not None and len(schedule) == 1 and schedule[0][1] < first
+        limit = first if ttft_end is None else ttft_end
+        fast += (queued is not None and len(schedule) == 1
+                 and arrival <= queued <= schedule[0][1] < first <= limit)
         assert got.keys() == want.keys()
         for stage in want:
             assert got[stage] == pytest.approx(want[stage], abs=1e-12), (stage, got, want)
-    assert fast > 1000  # the arithmetic path was taken, not only the fallback
+    assert fast > 500  # the arithmetic path was taken, not only the fallback
 
 
 def test_engine_payload_round_trip():

@@ -47,6 +47,7 @@ class Hook:
     stage: str | None = None
     process: str = "any"  # where it fires: api_server | engine_core | worker | any
     optional: bool = False  # absent on some builds (GPU-only modules): no warning when missing
+    needs: str | None = None  # a ``config.Config`` flag that must be on for it to be applied
     failed: bool = field(default=False, compare=False)
     applied: bool = field(default=False, compare=False)
 

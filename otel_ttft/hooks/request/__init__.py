@@ -14,8 +14,8 @@ API process (``api``):
   calls it in the HTTP response's task, so the current context is the caller's (the server span,
   if any; else the caller's ``traceparent``) and the response that
   streams it is known.
-- ``request.generate`` -- ``AsyncLLM.generate``, only with content capture opted in (the output
-  text per choice); otherwise vLLM's generator is left untouched.
+- ``request.generate`` -- ``AsyncLLM.generate``, applied only with content capture opted in (the
+  output text per choice); otherwise vLLM's ``generate`` is not wrapped at all.
 - ``request.outputs`` -- ``OutputProcessor.process_outputs`` (hot): the first output's engine
   timestamp, QUEUED/SCHEDULED/PREEMPTED events and the EngineCore payload; the second token's time;
   the requests this step ended (a final output, or a stop string: ``reqs_to_abort``). Per output:
@@ -42,7 +42,8 @@ step are timed by ``warmup.compile``, the one ``monitor_torch_compile`` wrapper)
 Modules: ``api`` (API-process hooks), ``engine`` (EngineCore hooks), ``worker`` (adapter/compile/
 output hooks), ``payload`` (EngineCore -> API payload), ``state`` (per-request state),
 ``timeline`` (the tiling rule), ``detail`` (which requests get a span), ``spans`` (the span tree),
-``metrics`` (the TTFT histogram and time per stage).
+``metrics`` (the TTFT histogram and time per stage), ``histogram`` (TTFT samples written into the
+SDK's own aggregation).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ HOOKS: list[Hook] = [
          wrap_engine_add_request, process=API_SERVER),
     Hook("request.add", f"{_OP}.add_request", wrap_add_request, process=API_SERVER),
     Hook("request.generate", "vllm.v1.engine.async_llm:AsyncLLM.generate", CaptureText,
-         process=API_SERVER),
+         process=API_SERVER, needs="capture_content"),
     Hook("request.outputs", f"{_OP}.process_outputs", wrap_process_outputs, process=API_SERVER),
     Hook("request.abort", f"{_OP}.abort_requests", wrap_abort_requests, process=API_SERVER),
     Hook("request.error", f"{_OP}.propagate_error", wrap_propagate_error, process=API_SERVER),

@@ -29,20 +29,20 @@ from otel_ttft.hooks.request.state import (
 
 
 @cache
-def _output_kinds() -> tuple[int, int]:
-    """vLLM's ``RequestOutputKind`` values for DELTA and FINAL_ONLY, looked up once."""
+def _output_kinds() -> tuple[Any, Any]:
+    """vLLM's ``RequestOutputKind`` members DELTA and FINAL_ONLY, looked up once."""
     from vllm.sampling_params import RequestOutputKind as K
 
-    return K.DELTA.value, K.FINAL_ONLY.value
+    return K.DELTA, K.FINAL_ONLY
 
 
 # --- AsyncLLM.generate: content capture only ------------------------------------------------------
 
 class CaptureText(Stream):
-    """Opt-in content capture: the text ``generate`` hands to the HTTP layer, per choice. Without
-    capture ``open`` returns ``None`` and vLLM's generator is handed back untouched: a pass-through
-    generator cost every request about 12 us and every streamed output a frame switch, and all
-    else about a request is seen from the ``OutputProcessor``."""
+    """Opt-in content capture: the text ``generate`` hands to the HTTP layer, per choice. Applied
+    only with capture on (``Hook.needs``; ``open`` checks again): a pass-through generator cost
+    every request about 12 us and every streamed output a frame switch, and all else about a
+    request is seen from the ``OutputProcessor``."""
 
     __slots__ = ("texts", "delta")
 
@@ -56,7 +56,7 @@ class CaptureText(Stream):
             return None
         params = args[1] if len(args) > 1 else kwargs.get("sampling_params")
         delta, _ = _output_kinds()
-        return cls(getattr(getattr(params, "output_kind", None), "value", None) == delta)
+        return cls(getattr(params, "output_kind", None) is delta)
 
     def enter(self) -> Any:
         """vLLM's first step runs ``add_request``, which finds the texts through ``TEXTS``."""
@@ -110,7 +110,7 @@ def wrap_add_request(call: Callable[..., Any], instance: Any, args: tuple,
         if req_state.queue is not None and req_state.parent_req is None:  # one generate call
             rec.queue = req_state.queue
             _, final_only = _output_kinds()
-            if getattr(getattr(params, "output_kind", None), "value", final_only) != final_only:
+            if getattr(params, "output_kind", final_only) is not final_only:
                 rec.streaming = True
                 rec.flush = FLUSH.get()
     if config.current.capture_content:

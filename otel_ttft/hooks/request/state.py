@@ -140,8 +140,8 @@ class RequestRecord:
             self.on_events(eco.events)
         headers = eco.trace_headers
         if headers and PAYLOAD_HEADER in headers:
-            rest = {k: v for k, v in headers.items() if k != PAYLOAD_HEADER}
-            eco.trace_headers = rest or None
+            eco.trace_headers = ({k: v for k, v in headers.items() if k != PAYLOAD_HEADER}
+                                 if len(headers) > 1 else None)
             self.engine = payload.decode(headers[PAYLOAD_HEADER])
         stats = getattr(eco, "prefill_stats", None)
         if stats is not None:

@@ -77,15 +77,16 @@ def stage_totals(segments: list[Segment]) -> dict[str, float]:
 def stage_durations(arrival: float, queued: float | None, schedule: list[tuple[str, float]],
                     first_token: float, ttft_end: float | None) -> dict[str, float]:
     """``stage_totals(tile(...))`` of a request that got its first token, without building the
-    segments: the common case (queued, scheduled once, first token) by arithmetic, anything
-    else through ``tile``. Most requests get no span, so this is all they need."""
-    if queued is None or len(schedule) != 1 or schedule[0][0] != SCHEDULED \
-            or schedule[0][1] >= first_token:
-        return stage_totals(tile(arrival, queued, schedule, first_token, ttft_end, first_token))
-    limit = ttft_end if ttft_end is not None else first_token
-    b1 = min(max(queued, arrival), max(limit, arrival))
-    b2 = min(max(schedule[0][1], b1), max(limit, b1))
-    b3 = min(max(first_token, b2), max(limit, b2))
-    b4 = max(limit, b3)
-    return {semconv.STAGE_FRONTEND: (b1 - arrival) + (b4 - b3), semconv.STAGE_QUEUE: b2 - b1,
-            semconv.STAGE_PREFILL: b3 - b2}
+    segments: the common case (queued, scheduled once, first token, in that order) by
+    arithmetic, anything else through ``tile``. Most requests get no span: this is all they
+    need."""
+    if len(schedule) == 1 and queued is not None:
+        kind, scheduled = schedule[0]
+        limit = ttft_end if ttft_end is not None else first_token
+        if kind == SCHEDULED and arrival <= queued <= scheduled < first_token <= limit:
+            return {_FRONTEND: (queued - arrival) + (limit - first_token),
+                    _QUEUE: scheduled - queued, _PREFILL: first_token - scheduled}
+    return stage_totals(tile(arrival, queued, schedule, first_token, ttft_end, first_token))
+
+
+_FRONTEND, _QUEUE, _PREFILL = semconv.STAGE_FRONTEND, semconv.STAGE_QUEUE, semconv.STAGE_PREFILL
