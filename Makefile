@@ -5,7 +5,7 @@ VENV := .venv
 PYTHON := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast lint
+.PHONY: setup demo test test-fast lint docs
 
 setup:
 	@bash scripts/setup
@@ -21,3 +21,9 @@ test-fast: setup
 
 lint: setup
 	$(VENV)/bin/ruff check otel_ttft tests scripts benchmarks
+	$(VENV)/bin/lint-imports --config .importlinter
+
+# The documentation site (docs/, mkdocs.yml) into site/; strict: any warning fails the build.
+# NO_MKDOCS_2_WARNING silences mkdocs-material's end-of-life banner (not a warning about the docs).
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --clean -d site

@@ -40,12 +40,12 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from otel_ttft import config
-from otel_ttft.hooks import request
-from otel_ttft.hooks.registry import Hook, HookSet
-from otel_ttft.hooks.request import api as request_api
-from otel_ttft.instrumentor import disabled_hooks
-from otel_ttft.tiny_model import ensure_tiny_model
+from otel_ttft.runtime import config
+from otel_ttft.runtime.hooks import request
+from otel_ttft.runtime.hooks.registry import Hook, HookSet
+from otel_ttft.runtime.hooks.request import api as request_api
+from otel_ttft.runtime.instrumentor import disabled_hooks
+from otel_ttft.tools.tiny_model import ensure_tiny_model
 
 # This thread's CPU time, not wall time: on a shared machine, time spent descheduled is not ours.
 _clock = time.thread_time

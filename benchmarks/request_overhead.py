@@ -47,10 +47,10 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from otel_ttft.replay.server import VllmServer
-from otel_ttft.sink.receiver import OTLPReceiver
-from otel_ttft.sink.store import SpanStore
-from otel_ttft.tiny_model import ensure_tiny_model
+from otel_ttft.tools.replay.server import VllmServer
+from otel_ttft.tools.sink.receiver import OTLPReceiver
+from otel_ttft.tools.sink.store import SpanStore
+from otel_ttft.tools.tiny_model import ensure_tiny_model
 
 EXPORT_ENV = {
     "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
@@ -148,34 +148,29 @@ def processes(server: VllmServer) -> dict[str, list[int]]:
     return roles
 
 
+def _cpu_ticks(stat_path: str) -> int | None:
+    """utime + stime (fields 14 and 15) from a /proc stat file; None when it is gone."""
+    try:
+        stat = Path(stat_path).read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return int(fields[11]) + int(fields[12])
+
+
 def cpu_seconds(pids: list[int]) -> float:
     """utime + stime of these processes (all their threads), in seconds."""
-    total = 0
-    for pid in pids:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        total += int(fields[11]) + int(fields[12])  # fields 14 and 15: utime, stime
-    return total / _TICK
+    return sum(_cpu_ticks(f"/proc/{pid}/stat") or 0 for pid in pids) / _TICK
 
 
 def thread_cpu(pid: int) -> dict[int, float]:
     """CPU-seconds per thread id of one process."""
-    out = {}
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return out
-    for tid in tids:
-        try:
-            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        out[int(tid)] = (int(fields[11]) + int(fields[12])) / _TICK
-    return out
+        return {}
+    ticks = {int(tid): _cpu_ticks(f"/proc/{pid}/task/{tid}/stat") for tid in tids}
+    return {tid: n / _TICK for tid, n in ticks.items() if n is not None}
 
 
 def thread_names(pid: int) -> dict[int, str]:

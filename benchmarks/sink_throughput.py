@@ -154,7 +154,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="otel-ttft-sink-bench-") as tmp:
         store = Path(tmp) / "store"
         sink = subprocess.Popen(
-            [sys.executable, "-m", "otel_ttft.cli", "sink", "--dir", str(store),
+            [sys.executable, "-m", "otel_ttft.tools.cli", "sink", "--dir", str(store),
              "--http-port", "0", "--grpc-port", "0"], stdout=subprocess.PIPE, text=True)
         endpoints = {}
         for _ in range(2):

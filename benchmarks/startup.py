@@ -26,12 +26,11 @@ import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 
-from otel_ttft.collector_faults import FlappingCollector, SilentCollector
-from otel_ttft.replay.demo import telemetry_env
-from otel_ttft.replay.server import VllmServer, free_port
-from otel_ttft.sink.receiver import OTLPReceiver
-from otel_ttft.sink.store import SpanStore
-from otel_ttft.tiny_model import ensure_tiny_model
+from otel_ttft.tools.replay.server import VllmServer, free_port, telemetry_env
+from otel_ttft.tools.sink.receiver import OTLPReceiver
+from otel_ttft.tools.sink.store import SpanStore
+from otel_ttft.tools.tiny_model import ensure_tiny_model
+from tests.collector_faults import FlappingCollector, SilentCollector
 
 ARMS = ("plain", "live", "dead", "slow", "flapping")
 _NOT_DELIVERED = re.compile(r"not delivered: (.*)$")

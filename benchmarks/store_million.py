@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from otel_ttft import semconv
-from otel_ttft.sink.store import SpanStore
+from otel_ttft.tools.sink.store import SpanStore
 
 T0 = 1_800_000_000_000_000_000
 MS = 1_000_000
@@ -108,7 +108,7 @@ def build(store_dir: Path, requests: int, activations: int, total: int) -> float
 
 ITER_TRACES = """
 import sys
-from otel_ttft.analysis.traces import iter_traces
+from otel_ttft.tools.analysis.traces import iter_traces
 traces = spans = 0
 for trace in iter_traces(sys.argv[1]):
     traces += 1
@@ -159,15 +159,15 @@ def main() -> int:
     py = sys.executable
     runs = {
         "iter_traces (all traces)": [py, "-c", ITER_TRACES, str(args.store)],
-        "otel-ttft tree": [py, "-m", "otel_ttft.cli", "tree", str(args.store)],
+        "otel-ttft tree": [py, "-m", "otel_ttft.tools.cli", "tree", str(args.store)],
     }
-    probe = subprocess.run([py, "-m", "otel_ttft.cli", "analyze", "--help"],
+    probe = subprocess.run([py, "-m", "otel_ttft.tools.cli", "analyze", "--help"],
                            capture_output=True)
     if probe.returncode == 0:
-        runs["otel-ttft analyze"] = [py, "-m", "otel_ttft.cli", "analyze", str(args.store)]
+        runs["otel-ttft analyze"] = [py, "-m", "otel_ttft.tools.cli", "analyze", str(args.store)]
         # with the document written: every request's segments too, and a 100+ MB file
         json_out = Path(tempfile.mkdtemp(prefix="otel-ttft-1m-json-")) / "analysis.json"
-        runs["otel-ttft analyze --json"] = [py, "-m", "otel_ttft.cli", "analyze",
+        runs["otel-ttft analyze --json"] = [py, "-m", "otel_ttft.tools.cli", "analyze",
                                             str(args.store), "--json", str(json_out)]
     for label, argv in runs.items():
         load = os.getloadavg()[0]

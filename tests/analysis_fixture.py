@@ -11,7 +11,7 @@ import hashlib
 from statistics import median
 from typing import Any
 
-from otel_ttft.analysis.contract import PIPELINE, SCHEMA
+from otel_ttft.tools.analysis.contract import PIPELINE, SCHEMA
 
 WARM = [("frontend", 0.012), ("queue", 0.003), ("prefill", 0.048), ("network", 0.002)]
 START = [("warmup.process_start", 3.1), ("warmup.frontend", 0.7), ("warmup.device_init", 0.15),
@@ -94,6 +94,34 @@ def summarize(requests: list[dict]) -> dict[str, dict]:
     return out
 
 
+def _verdict(scenarios: dict, base: dict, sc: str, stage: str, sub: str | None, rec: str,
+             ev: dict) -> dict:
+    """A verdict with the evidence analyze writes: stage deltas, reads, shares, the chain."""
+    increase = round(scenarios[sc]["ttft_p50_s"] - base["ttft_p50_s"], 6)
+    deltas = {s: round(scenarios[sc]["stages_p50"][s] - base["stages_p50"][s], 6)
+              for s in PIPELINE}
+    chain = [{"stage": s, "substage": None, "delta_s": d, "share": round(d / increase, 4),
+              "noise_s": 0.004, "beyond_noise": d > 0.004, "recommendation": rec}
+             for s, d in deltas.items() if increase > 0 and d >= 0.1 * increase]
+    prof = PROFILES[sc]
+    return {
+        "scenario": sc, "baseline": "short-prompt", "stage": stage, "substage": sub,
+        "delta_s": deltas[stage], "recommendation": rec,
+        "outcome": "expanded" if rec != "none" else "within-noise", "chain": chain,
+        "summary": f"{sc}: TTFT +{increase:.3f} s over short-prompt; {stage} -> {rec}",
+        "evidence": {"n": 3, "baseline_n": 3, "ttft_delta_s": increase, "noise_s": 0.004,
+                     "bytes_read_p50": prof["evidence"].get("bytes_read", 0),
+                     "baseline_bytes_read_p50": 0,
+                     "read_gb_per_s_p50": 0.0756 if prof["evidence"].get("bytes_read") else None,
+                     "page_cache_resident_ratio_p50": prof["evidence"].get(
+                         "page_cache_resident_ratio"),
+                     "model_was_resident_share": 1.0 if prof["evidence"].get(
+                         "model_was_resident") else 0.0,
+                     "baseline_model_was_resident_share": 1.0,
+                     "stage_deltas_s": deltas, **ev},
+    }
+
+
 def build_analysis(factor: dict[str, float] | None = None, repeat: int = 3,
                    concurrency: int = 1) -> dict:
     factor = factor or {}
@@ -101,13 +129,7 @@ def build_analysis(factor: dict[str, float] | None = None, repeat: int = 3,
                 for i in range(repeat)]
     scenarios = summarize(requests)
     base = scenarios["short-prompt"]
-    verdicts = [{
-        "scenario": sc, "baseline": "short-prompt", "stage": stage, "substage": sub,
-        "delta_s": round(scenarios[sc]["stages_p50"][stage] - base["stages_p50"][stage], 6),
-        "recommendation": rec,
-        "evidence": {"ttft_delta_s": round(scenarios[sc]["ttft_p50_s"] - base["ttft_p50_s"], 6),
-                     "noise_s": 0.004, **ev},
-    } for sc, stage, sub, rec, ev in VERDICTS]
+    verdicts = [_verdict(scenarios, base, *v) for v in VERDICTS]
     return {
         "schema": SCHEMA, "source": "out/demo",
         "run": {"client": "otel-ttft-replay 0.1 / openai chat streaming",

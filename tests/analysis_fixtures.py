@@ -1,7 +1,7 @@
 """Synthetic traces shaped like what vLLM, our hooks and the replay emit, for analysis tests.
 
 Times are seconds from an arbitrary epoch; every builder returns normalized span dicts (the shape
-``otel_ttft.sink`` stores)."""
+``otel_ttft.tools.sink`` stores)."""
 
 from __future__ import annotations
 

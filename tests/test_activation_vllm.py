@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from otel_ttft import pagecache, semconv
-from otel_ttft.analysis.traces import coverage, find_activation_roots
-from otel_ttft.replay.server import VllmServer, free_port
-from otel_ttft.tiny_model import checkpoint_files
+from otel_ttft import semconv
+from otel_ttft.runtime.hooks.load import pagecache
+from otel_ttft.tools.analysis.traces import coverage, find_activation_roots
+from otel_ttft.tools.replay.server import VllmServer, free_port
+from otel_ttft.tools.tiny_model import checkpoint_files
 from tests.export_env import EXPORT_ENV
+from tests.vllm_args import EAGER_ARGS
 
 pytestmark = pytest.mark.vllm
 
@@ -171,7 +173,7 @@ def test_activation_through_the_vllm_plugin_alone_eager(receiver, tiny_model, tm
     our vllm.general_plugins entry point does the rest."""
     env = {**EXPORT_ENV, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
            "VLLM_SERVER_DEV_MODE": "1"}  # exposes /sleep and /wake_up
-    args = ("--enforce-eager", "--otlp-traces-endpoint", f"{receiver.http_endpoint}/v1/traces")
+    args = (*EAGER_ARGS, "--otlp-traces-endpoint", f"{receiver.http_endpoint}/v1/traces")
     with VllmServer(tiny_model, env=env, instrument=False, extra_args=args,
                     log_path=tmp_path / "server.log") as server:
         assert complete(server, tiny_model)
@@ -209,7 +211,7 @@ def test_activation_through_the_vllm_plugin_alone_eager(receiver, tiny_model, tm
 FAULT_PLUGIN = '''
 def register():
     """Make one of otel-ttft's hook helpers raise inside every vLLM process."""
-    import otel_ttft.pagecache as pagecache
+    import otel_ttft.runtime.hooks.load.pagecache as pagecache
 
     def broken(path):
         raise RuntimeError("injected fault in otel-ttft")
@@ -218,26 +220,12 @@ def register():
 '''
 
 
-def _fault_plugin_dir(tmp_path: Path) -> Path:
-    """A real vllm.general_plugins entry point, found through PYTHONPATH (no install)."""
-    root = tmp_path / "fault_plugin"
-    dist = root / "ttft_fault_plugin-0.0.dist-info"
-    dist.mkdir(parents=True)
-    (root / "ttft_fault_plugin.py").write_text(FAULT_PLUGIN)
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ttft-fault-plugin\nVersion: 0.0\n")
-    (dist / "entry_points.txt").write_text(
-        "[vllm.general_plugins]\nttft_fault = ttft_fault_plugin:register\n")
-    return root
-
-
-def test_failing_hook_and_dead_collector_leave_vllm_serving(tiny_model, tmp_path):
+def test_failing_hook_and_dead_collector_leave_vllm_serving(tiny_model, tmp_path, vllm_plugin):
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    plugin = _fault_plugin_dir(tmp_path)
     env = {**EXPORT_ENV, "OTEL_EXPORTER_OTLP_ENDPOINT": dead,
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(plugin),
-                                                       os.environ.get("PYTHONPATH")]))}
+           "PYTHONPATH": vllm_plugin("ttft_fault_plugin", FAULT_PLUGIN)}
     log = tmp_path / "server.log"
-    server = VllmServer(tiny_model, env=env, extra_args=("--enforce-eager",), log_path=log)
+    server = VllmServer(tiny_model, env=env, extra_args=(*EAGER_ARGS,), log_path=log)
     server.start()
     try:
         answers = [complete(server, tiny_model, f"prompt {i}") for i in range(3)]

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from otel_ttft import cli, semconv
-from otel_ttft.analysis.traces import (
+from otel_ttft import semconv
+from otel_ttft.tools import cli
+from otel_ttft.tools.analysis.traces import (
     UNATTRIBUTED,
     TraceFileError,
     build_trees,
@@ -17,8 +18,8 @@ from otel_ttft.analysis.traces import (
     load_spans,
     self_time_by_stage,
 )
-from otel_ttft.analysis.tree import render_tree
-from otel_ttft.sink.store import SpanStore
+from otel_ttft.tools.analysis.tree import render_tree
+from otel_ttft.tools.sink.store import SpanStore
 
 T0 = 1_700_000_000_000_000_000
 TRACE = "ab" * 16

@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from otel_ttft.analysis.check import (
+from otel_ttft.tools.analysis.check import (
     ThresholdError,
     Thresholds,
     build_thresholds,
     compare,
     run_check,
 )
-from otel_ttft.analysis.contract import Analysis
-from otel_ttft.cli import main
+from otel_ttft.tools.analysis.contract import Analysis
+from otel_ttft.tools.cli import main
 from tests.analysis_fixture import PROFILES, build_analysis
 
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from otel_ttft import clock
+from otel_ttft.runtime import clock
 
 
 def test_now_is_epoch_on_the_monotonic_clock():
@@ -51,3 +51,10 @@ def test_process_start_of_a_child_lies_between_spawn_and_its_first_words():
 
 def test_process_start_of_a_missing_pid_is_none():
     assert clock.process_start_monotonic(2**22 + 12345) is None
+
+
+def test_union_counts_overlapping_intervals_once():
+    assert clock.union_ns([(0, 10), (5, 20), (30, 40)]) == 30
+    assert clock.union_ns(iter([(30, 40), (0, 10), (10, 15)])) == 25  # any order; touching
+    assert clock.union_ns([(0, 100), (10, 20), (50, 60)]) == 100  # nested
+    assert clock.union_ns([]) == 0

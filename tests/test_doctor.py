@@ -13,11 +13,12 @@ import pytest
 
 
 def _doctor(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "otel_ttft.doctor", *args], capture_output=True,
-                          text=True, env={**os.environ, **(env or {})}, timeout=300)
+    return subprocess.run([sys.executable, "-m", "otel_ttft.tools.doctor", *args],
+                          capture_output=True, text=True, env={**os.environ, **(env or {})},
+                          timeout=300)
 
 
-@pytest.mark.vllm
+@pytest.mark.vllm_import
 def test_installed_vllm_resolves_every_required_target():
     proc = _doctor("--json")
     assert proc.returncode == 0, proc.stderr
@@ -75,3 +76,45 @@ def test_nothing_instrumentable_exits_non_zero(tmp_path):
     proc = _doctor(env={"PYTHONPATH": str(root)})
     assert proc.returncode == 1
     assert "nothing can be instrumented" in proc.stderr
+
+
+def test_host_isa_is_read_from_cpuinfo_and_amx_warns(tmp_path):
+    from otel_ttft.tools import host
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f amx_tile amx_bf16\n\n"
+                    "processor\t: 1\nflags\t\t: fpu sse avx2 avx512f amx_tile amx_bf16\n")
+    assert host.cpu_isa(host.cpu_flags(info)) == ["AVX2", "AVX-512", "AMX"]
+    assert host.known_crashes(["AVX2", "AVX-512", "AMX"]) == [host.AMX_EAGER_BF16]
+    assert host.cpu_isa({"avx2"}) == ["AVX2"] and host.known_crashes(["AVX2"]) == []
+    assert host.cpu_flags(tmp_path / "missing") == set()
+
+
+def test_doctor_names_the_host_isa_and_the_amx_crash():
+    from otel_ttft.tools import host
+
+    proc = _doctor("--json")
+    report = json.loads(proc.stdout)
+    assert report["host"]["cpu_isa"] == host.cpu_isa()
+    assert ("AMX" in report["host"]["cpu_isa"]) == bool(report["host"]["known_crashes"])
+    text = _doctor().stdout
+    assert "host CPU: " in text
+    assert ("--dtype float32" in text) == ("AMX" in host.cpu_isa())
+
+
+def test_doctor_names_the_sdk_its_range_and_the_internals_it_lacks():
+    from importlib.metadata import version
+
+    from otel_ttft.tools import doctor
+
+    otel = doctor._opentelemetry()
+    assert otel["sdk_version"] == version("opentelemetry-sdk")
+    assert otel["supported"] and otel["supported_range"].count(",") == 1  # >=X,<Y declared
+    assert otel["missing_internals"] == []
+    assert "every SDK internal otel-ttft uses is there" in "\n".join(
+        doctor._render_opentelemetry(otel))
+    moved = {**otel, "supported": False,
+             "missing_internals": ["BatchSpanProcessor._batch_processor"]}
+    text = "\n".join(doctor._render_opentelemetry(moved))
+    assert f"NOT in the tested range {otel['supported_range']}" in text
+    assert "MISSING BatchSpanProcessor._batch_processor" in text and " ok " not in text

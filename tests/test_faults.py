@@ -4,9 +4,11 @@ test_faults_vllm.py."""
 
 from __future__ import annotations
 
-import json
+import logging
+import math
 import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,12 +20,16 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 
-from otel_ttft import environment_variables, inflight, semconv, spans
-from otel_ttft.analysis.traces import build_trees
-from otel_ttft.collector_faults import SilentCollector
-from otel_ttft.hooks import fault
-from otel_ttft.replay.server import free_port
-from otel_ttft.sink.otlp_decode import decode_trace_request
+from otel_ttft import semconv
+from otel_ttft.runtime import config, state_files
+from otel_ttft.runtime import environment_variables as env
+from otel_ttft.runtime.context import process as this_process
+from otel_ttft.runtime.hooks import fault
+from otel_ttft.runtime.telemetry import inflight, pipeline, spans
+from otel_ttft.tools.analysis.traces import build_trees
+from otel_ttft.tools.replay.server import free_port
+from otel_ttft.tools.sink.otlp_decode import decode_trace_request
+from tests.collector_faults import SilentCollector
 from tests.otel_memory import memory_exporter
 
 EXIT_SCRIPT = textwrap.dedent('''
@@ -44,8 +50,8 @@ EXIT_SCRIPT = textwrap.dedent('''
         OTLPMetricExporter(endpoint=endpoint + "/v1/metrics"), export_interval_millis=60000)
     metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
 
-    from otel_ttft import spans
-    spans.ensure_stage_tagger()
+    from otel_ttft.runtime.telemetry import pipeline, spans
+    pipeline.attach()
     tracer = trace.get_tracer("t")
     for i in range(3000):  # more than the SDK's queue (2048): the overflow is counted too
         tracer.start_span(f"s{i}").end()
@@ -72,6 +78,9 @@ def test_exit_is_bounded_and_drops_are_counted_once(collector, tmp_path):
     assert len(first) == 1 and len(summary) == 1, proc.stderr
     assert "spans (queue_full)" in summary[0]
     assert "spans (exit_deadline)" in summary[0] or "spans (export_failed)" in summary[0]
+    # Nothing reached the collector: each of the 3000 spans is counted, and only once.
+    assert sum(int(n) for n in re.findall(r"(\d+) spans \(", summary[0])) == 3000, summary[0]
+    assert "metrics (" in summary[0]  # the metric exporter is bounded and counted too
     # Each SDK message at most once per exporter, traces and metrics (the SDK alone logs one per
     # failed attempt of every batch).
     sdk = Counter(line for line in lines if "otel-ttft" not in line and line.strip())
@@ -81,7 +90,7 @@ def test_exit_is_bounded_and_drops_are_counted_once(collector, tmp_path):
 
 def _stage_spans():
     memory_exporter()
-    spans.ensure_stage_tagger()
+    pipeline.attach()
     return inflight.tracker()
 
 
@@ -142,8 +151,8 @@ def _child_loads_forever(parent_traceparent: str) -> None:
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     trace.set_tracer_provider(TracerProvider())
-    spans.ensure_stage_tagger()
-    spans.process_kind = "worker"
+    pipeline.attach()
+    this_process.kind = "worker"
     ctx = TraceContextTextMapPropagator().extract({"traceparent": parent_traceparent})
     with spans.stage_span("Load weights", semconv.STAGE_LOAD, context=ctx), \
             spans.stage_span(semconv.SPAN_SHARD_READ, semconv.STAGE_LOAD_READ):
@@ -202,12 +211,23 @@ def _as_dict(span) -> dict:
     return decoded
 
 
-def test_snapshot_deadline_setting_is_read_with_a_fallback(monkeypatch):
-    monkeypatch.setenv(environment_variables.OTEL_TTFT_SNAPSHOT_AFTER_S, "2.5")
-    assert inflight.snapshot_after_s() == 2.5
-    monkeypatch.setenv(environment_variables.OTEL_TTFT_SNAPSHOT_AFTER_S, "soon")
-    assert inflight.snapshot_after_s() == environment_variables.DEFAULT_SNAPSHOT_AFTER_S
-    assert json.dumps(inflight.snapshot_after_s())
+@pytest.mark.parametrize(("name", "field", "scale", "default"), [
+    (env.OTEL_TTFT_SNAPSHOT_AFTER_S, "snapshot_after_s", 1, env.DEFAULT_SNAPSHOT_AFTER_S),
+    (env.OTEL_TTFT_EXIT_TIMEOUT_MS, "exit_timeout_s", 1000, env.DEFAULT_EXIT_TIMEOUT_MS),
+])
+def test_exit_and_snapshot_deadlines_are_read_into_the_config_with_a_fallback(
+        name, field, scale, default, caplog):
+    def read(raw: str) -> float:
+        return getattr(config.Config.from_env({name: raw}), field) * scale
+
+    assert read("2.5") == 2.5
+    assert read("") == read("  ") == default
+    with caplog.at_level(logging.WARNING, logger="otel_ttft"):
+        assert read("soon") == read("nan") == default
+    assert sum(name in r.getMessage() for r in caplog.records) == 2
+    assert read("-3") == 0
+    if field == "exit_timeout_s":
+        assert math.isfinite(read("inf"))  # a deadline: never an endless wait at exit
 
 
 SIGNAL_SCRIPT = textwrap.dedent('''
@@ -220,8 +240,9 @@ SIGNAL_SCRIPT = textwrap.dedent('''
     tp = TracerProvider()
     tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=sys.argv[1] + "/v1/traces")))
     trace.set_tracer_provider(tp)
-    from otel_ttft import semconv, spans
-    spans.ensure_stage_tagger()
+    from otel_ttft import semconv
+    from otel_ttft.runtime.telemetry import pipeline, spans
+    pipeline.attach()
     assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL, "no handler installed"
     root = spans.tracer().start_span(semconv.SPAN_ACTIVATION)
     with trace.use_span(root), spans.stage_span("Load weights", semconv.STAGE_LOAD):
@@ -255,8 +276,8 @@ def test_an_installed_sigterm_handler_is_left_alone():
         def mine(*_): pass
         signal.signal(signal.SIGTERM, mine)
         trace.set_tracer_provider(TracerProvider())
-        from otel_ttft import spans
-        spans.ensure_stage_tagger()
+        from otel_ttft.runtime.telemetry import pipeline, spans
+        pipeline.attach()
         assert signal.getsignal(signal.SIGTERM) is mine
     ''')
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -283,8 +304,8 @@ FLAPPING_SCRIPT = textwrap.dedent('''
         OTLPMetricExporter(endpoint=endpoint + "/v1/metrics", timeout=1),
         export_interval_millis=300)
     metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
-    from otel_ttft import spans
-    spans.ensure_stage_tagger()
+    from otel_ttft.runtime.telemetry import pipeline, spans
+    pipeline.attach()
     tracer = trace.get_tracer("t")
     end = time.monotonic() + seconds
     i = 0
@@ -298,7 +319,7 @@ FLAPPING_SCRIPT = textwrap.dedent('''
 
 
 def test_flapping_collector_drops_are_counted_and_reported_when_it_is_back(tmp_path):
-    from otel_ttft.collector_faults import FlappingCollector
+    from tests.collector_faults import FlappingCollector
 
     with FlappingCollector(tmp_path / "store", up_s=1.5, down_s=1.5) as collector:
         proc = subprocess.run([sys.executable, "-c", FLAPPING_SCRIPT, collector.endpoint, "8"],
@@ -322,7 +343,7 @@ def test_flapping_collector_drops_are_counted_and_reported_when_it_is_back(tmp_p
 
 
 def test_state_files_left_by_killed_process_trees_are_removed_after_a_day(tmp_path, monkeypatch):
-    monkeypatch.setattr(inflight, "state_dir", lambda: tmp_path)
+    monkeypatch.setattr(state_files, "state_dir", lambda: tmp_path)
     old = tmp_path / "otel-ttft-open-999999.json"
     fresh = tmp_path / "otel-ttft-failed-0123.json"
     other = tmp_path / "otel-ttft-1-wake_up.json"  # handoff's, not ours

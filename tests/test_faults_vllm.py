@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from otel_ttft import semconv
-from otel_ttft.analysis.traces import find_activation_roots
-from otel_ttft.replay.server import ServerStartError, VllmServer
+from otel_ttft.tools.analysis.traces import find_activation_roots
+from otel_ttft.tools.replay.server import ServerStartError, VllmServer
 from tests.export_env import EXPORT_ENV
-from tests.test_stuck_rule import RULE_FILE
+from tests.prom_helpers import STUCK_RULE_FILE as RULE_FILE
+from tests.vllm_args import EAGER_ARGS
 
 pytestmark = pytest.mark.vllm
 
@@ -78,22 +79,10 @@ def _hold_in_first_shard_read(hold_file):
 '''
 
 
-def _plugin_dir(tmp_path: Path) -> Path:
-    root = tmp_path / "ttft_test_fault"
-    dist = root / "ttft_test_fault-0.0.dist-info"
-    dist.mkdir(parents=True)
-    (root / "ttft_test_fault.py").write_text(FAULT_PLUGIN)
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ttft-test-fault\nVersion: 0.0\n")
-    (dist / "entry_points.txt").write_text(
-        "[vllm.general_plugins]\nttft_test_fault = ttft_test_fault:register\n")
-    return root
-
-
-def _env(receiver, tmp_path: Path, mode: str, **extra: str) -> dict[str, str]:
+def _env(receiver, vllm_plugin, mode: str, **extra: str) -> dict[str, str]:
     return {**EXPORT_ENV, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.http_endpoint,
             "TTFT_TEST_FAULT": mode, **extra,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(_plugin_dir(tmp_path)),
-                                                        os.environ.get("PYTHONPATH")]))}
+            "PYTHONPATH": vllm_plugin("ttft_test_fault", FAULT_PLUGIN)}
 
 
 def _start_expecting_failure(server: VllmServer) -> tuple[threading.Thread, list]:
@@ -116,7 +105,7 @@ def _start_expecting_failure(server: VllmServer) -> tuple[threading.Thread, list
 
 
 def _tree(store_dir: Path) -> str:
-    proc = subprocess.run([sys.executable, "-m", "otel_ttft.cli", "tree", str(store_dir)],
+    proc = subprocess.run([sys.executable, "-m", "otel_ttft.tools.cli", "tree", str(store_dir)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
@@ -142,12 +131,12 @@ def _in_progress(receiver, stage: str, kind: str) -> list[dict]:
 
 
 @pytest.mark.timeout(1800)  # a start-up here takes 1-5 min, with other servers running
-def test_held_in_a_checkpoint_read_then_killed(receiver, tiny_model, tmp_path):
+def test_held_in_a_checkpoint_read_then_killed(receiver, tiny_model, tmp_path, vllm_plugin):
     hold = tmp_path / "hold"
     hold.touch()
-    env = _env(receiver, tmp_path, "hold", TTFT_TEST_HOLD_FILE=str(hold),
+    env = _env(receiver, vllm_plugin, "hold", TTFT_TEST_HOLD_FILE=str(hold),
                OTEL_TTFT_SNAPSHOT_AFTER_S="3")
-    server = VllmServer(tiny_model, env=env, extra_args=("--enforce-eager",),
+    server = VllmServer(tiny_model, env=env, extra_args=(*EAGER_ARGS,),
                         log_path=tmp_path / "server.log")
     thread, failures = _start_expecting_failure(server)
     try:
@@ -211,9 +200,9 @@ def test_held_in_a_checkpoint_read_then_killed(receiver, tiny_model, tmp_path):
 
 
 @pytest.mark.timeout(1800)
-def test_exception_in_kv_cache_allocation(receiver, tiny_model, tmp_path):
-    server = VllmServer(tiny_model, env=_env(receiver, tmp_path, "kv_raise"),
-                        extra_args=("--enforce-eager",), log_path=tmp_path / "server.log")
+def test_exception_in_kv_cache_allocation(receiver, tiny_model, tmp_path, vllm_plugin):
+    server = VllmServer(tiny_model, env=_env(receiver, vllm_plugin, "kv_raise"),
+                        extra_args=(*EAGER_ARGS,), log_path=tmp_path / "server.log")
     with pytest.raises(ServerStartError):
         server.start(timeout_s=900)
     root, _spans = _failed_root(receiver)

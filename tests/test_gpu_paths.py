@@ -8,32 +8,11 @@ import pytest
 from opentelemetry import trace
 
 from otel_ttft import semconv
-from otel_ttft.hooks import activation, load, load_shards, warmup
-from otel_ttft.hooks.registry import HookSet
-from tests.otel_memory import memory_exporter
+from otel_ttft.runtime.hooks import activation, warmup
+from otel_ttft.runtime.hooks.load import shards as load_shards
+from otel_ttft.runtime.hooks.load import weights as load
 
-pytestmark = [pytest.mark.vllm, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
-
-
-@pytest.fixture
-def exporter():
-    exp = memory_exporter()
-    exp.clear()
-    return exp
-
-
-@pytest.fixture
-def hooks():
-    applied = []
-
-    def apply(*selected):
-        hook_set = HookSet(list(selected))
-        hook_set.apply()
-        applied.append(hook_set)
-
-    yield apply
-    for hook_set in applied:
-        hook_set.remove()
+pytestmark = [pytest.mark.vllm_import, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 
 def _finished(exporter, name):
@@ -65,7 +44,7 @@ def test_host_to_device_totals_over_the_real_safetensors_reader(exporter, hooks,
     hooks(load.SAFE_OPEN)
     from vllm.model_executor.model_loader.weight_utils import safetensors_weights_iterator
 
-    from otel_ttft.tiny_model import checkpoint_files
+    from otel_ttft.tools.tiny_model import checkpoint_files
 
     monkeypatch.setattr(load_shards, "device_is_accelerator", lambda: True)  # what a GPU reports
     files = [str(f) for f in checkpoint_files(tiny_model)]

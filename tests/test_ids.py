@@ -6,7 +6,7 @@ import random
 
 from opentelemetry.sdk.trace import TracerProvider
 
-from otel_ttft import ids
+from otel_ttft.runtime import ids
 
 
 def _ids_after_seed(tracer) -> tuple[str, str]:

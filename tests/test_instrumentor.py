@@ -3,26 +3,29 @@ and vLLM plugin in one process) must instrument once, and uninstrument must undo
 
 from __future__ import annotations
 
+import os
+import textwrap
 from importlib.metadata import distribution, entry_points
 
 import pytest
 import wrapt
 from opentelemetry.instrumentation.dependencies import get_dist_dependency_conflicts
 
-from otel_ttft import plugin
-from otel_ttft.instrumentor import VllmTTFTInstrumentor
-from otel_ttft.vllm_version import installed_vllm
+from otel_ttft.runtime import plugin
+from otel_ttft.runtime.instrumentor import VllmTTFTInstrumentor
+from otel_ttft.runtime.vllm_version import installed_vllm
 
-pytestmark = [pytest.mark.vllm, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+pytestmark = [pytest.mark.vllm_import, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 
 def test_entry_points_are_registered():
     def values(group):
         return {ep.value for ep in entry_points(group=group)}
 
-    assert "otel_ttft.instrumentor:VllmTTFTInstrumentor" in values("opentelemetry_instrumentor")
-    assert "otel_ttft.plugin:register" in values("vllm.general_plugins")
-    assert "otel_ttft.distro:OtelTTFTDistro" in values("opentelemetry_distro")
+    assert ("otel_ttft.runtime.instrumentor:VllmTTFTInstrumentor"
+            in values("opentelemetry_instrumentor"))
+    assert "otel_ttft.runtime.plugin:register" in values("vllm.general_plugins")
+    assert "otel_ttft.runtime.distro:OtelTTFTDistro" in values("opentelemetry_distro")
 
 
 def test_dependency_check_accepts_the_installed_vllm_distribution():
@@ -56,9 +59,9 @@ def test_loaded_twice_instruments_once_and_uninstrument_undoes_it():
 
 
 def test_generate_is_wrapped_only_when_output_text_is_captured():
-    from otel_ttft.config import Config
-    from otel_ttft.hooks import all_hooks
-    from otel_ttft.instrumentor import disabled_hooks
+    from otel_ttft.runtime.config import Config
+    from otel_ttft.runtime.hooks import all_hooks
+    from otel_ttft.runtime.instrumentor import disabled_hooks
 
     hooks = all_hooks()
     assert disabled_hooks(hooks, Config()) == {"request.generate"}
@@ -66,3 +69,19 @@ def test_generate_is_wrapped_only_when_output_text_is_captured():
     assert disabled_hooks(hooks, Config(capture_content=True,
                                         disabled_hooks=frozenset({"request.flush"}))) == {
         "request.flush"}
+
+
+def test_a_test_plugin_on_pythonpath_is_what_vllm_loads(vllm_plugin, tmp_path, monkeypatch):
+    """The ``vllm_plugin`` fixture the real-vLLM tests inject faults with: vLLM's own loader
+    finds it on the path, with nothing installed, and its ``register`` runs."""
+    from vllm.plugins import load_plugins_by_group
+
+    marker = tmp_path / "registered"
+    path = vllm_plugin("ttft_probe_plugin", textwrap.dedent(f'''
+        def register():
+            open({str(marker)!r}, "w").write("yes")
+    '''))
+    monkeypatch.syspath_prepend(path.split(os.pathsep)[0])
+    plugins = load_plugins_by_group("vllm.general_plugins")
+    plugins["ttft_probe_plugin"]()
+    assert marker.read_text() == "yes"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from otel_ttft import semconv
-from otel_ttft.analysis.traces import build_trees, coverage, self_time_by_stage
+from otel_ttft.tools.analysis.traces import build_trees, coverage, self_time_by_stage
 
 pytestmark = pytest.mark.vllm
 
@@ -43,9 +43,9 @@ class Ids(IdGenerator):  # vLLM seeds `random` per engine: the SDK's default ids
 provider = TracerProvider(id_generator=Ids())
 provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=sys.argv[1])))
 trace.set_tracer_provider(provider)
-from otel_ttft.instrumentor import instrument_once
+from otel_ttft.runtime.instrumentor import instrument_once
 instrument_once()
-from otel_ttft import pagecache
+from otel_ttft.runtime.hooks.load import pagecache
 from vllm import LLM
 
 
@@ -127,8 +127,8 @@ def _runs(tiny_model: Path, bin_model: Path, sharded: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def loads(tiny_model, tmp_path_factory):
-    from otel_ttft.sink.receiver import OTLPReceiver
-    from otel_ttft.sink.store import SpanStore
+    from otel_ttft.tools.sink.receiver import OTLPReceiver
+    from otel_ttft.tools.sink.store import SpanStore
 
     tmp = tmp_path_factory.mktemp("loads")
     bin_model = _bin_copy(tiny_model, tmp / "tiny-bin")

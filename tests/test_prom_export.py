@@ -17,10 +17,10 @@ import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from otel_ttft import semconv
-from otel_ttft.prom import naming
-from otel_ttft.prom.exposition import series
-from otel_ttft.prom.serve import serve
-from otel_ttft.sink.store import SpanStore
+from otel_ttft.tools.prom import naming
+from otel_ttft.tools.prom.exposition import series
+from otel_ttft.tools.prom.serve import serve
+from otel_ttft.tools.sink.store import SpanStore
 
 
 @pytest.mark.parametrize(("name", "unit", "mtype", "expected"), [
@@ -109,8 +109,8 @@ provider = MeterProvider(metric_readers=[reader], resource=resource)
 metrics.set_meter_provider(provider)
 trace.set_tracer_provider(TracerProvider(resource=resource))
 
-from otel_ttft import metrics as m
-from otel_ttft.hooks.request import metrics as mr
+from otel_ttft.runtime.telemetry import metrics as m
+from otel_ttft.runtime.hooks.request import metrics as mr
 
 m.record_activation_stage("warmup.compile", 2.5, "tiny", 1, cache_hit=True)
 m.record_activation_stage("warmup.compile", 4.0, "tiny", 1, cache_hit=False)
@@ -235,7 +235,7 @@ def test_expired_series_leave_the_scrape(receiver, endpoint):
     old = time.time_ns() - 3600 * 10**9
     receiver.store.add_metric_points([_point(name="old.metric", time_ns=old),
                                       _point(name="new.metric", time_ns=time.time_ns())])
-    from otel_ttft.prom.exposition import StoreCollector
+    from otel_ttft.tools.prom.exposition import StoreCollector
 
     names = {f.name for f in StoreCollector(receiver.store, expire_s=1800).collect()}
     assert "new_metric" in names and "old_metric" not in names
@@ -245,7 +245,7 @@ def test_expired_series_leave_the_scrape(receiver, endpoint):
                                   ["--dir", ".", "--host", "0.0.0.0"],
                                   ["--dir", ".", "--port", "99999999"]])
 def test_cli_errors_are_one_line_and_exit_2(args, tmp_path):
-    out = subprocess.run([sys.executable, "-m", "otel_ttft.cli", "prometheus", *args],
+    out = subprocess.run([sys.executable, "-m", "otel_ttft.tools.cli", "prometheus", *args],
                          capture_output=True, text=True, timeout=30, cwd=tmp_path)
     assert out.returncode == 2, out
     assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr, out.stderr
@@ -254,7 +254,7 @@ def test_cli_errors_are_one_line_and_exit_2(args, tmp_path):
 def test_cli_writes_openmetrics_history(receiver, tmp_path):
     receiver.store.add_metric_points([_point(name="a.metric", time_ns=10**18, value=1),
                                       _point(name="a.metric", time_ns=10**18 + 10**9, value=2)])
-    out = subprocess.run([sys.executable, "-m", "otel_ttft.cli", "prometheus", "--dir",
+    out = subprocess.run([sys.executable, "-m", "otel_ttft.tools.cli", "prometheus", "--dir",
                           str(receiver.store.directory), "--openmetrics", "-", "--shift", "60"],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
@@ -266,7 +266,7 @@ def test_cli_writes_openmetrics_history(receiver, tmp_path):
 def test_latest_activation_gauges_start_afresh_with_a_new_activation():
     """Within one activation the longest span of a stage wins; a new activation (another trace,
     e.g. a wake-up) replaces the values, so the gauge is the latest activation's."""
-    from otel_ttft import metrics
+    from otel_ttft.runtime.telemetry import metrics
 
     metrics._last.clear()
     metrics._compiles.clear()
@@ -288,12 +288,13 @@ def test_latest_activation_gauges_start_afresh_with_a_new_activation():
 
 
 def test_stages_that_ended_before_the_model_was_known_carry_it_at_export(monkeypatch):
-    from otel_ttft import metrics, spans
+    from otel_ttft.runtime.context import process as this_process
+    from otel_ttft.runtime.telemetry import metrics
 
     metrics._last.clear()
-    monkeypatch.setattr(spans, "served_model", None)
+    monkeypatch.setattr(this_process, "served_model", None)
     metrics.record_activation_stage("warmup.process_start", 12.0, None, trace_id=7)
-    monkeypatch.setattr(spans, "served_model", "m")
+    monkeypatch.setattr(this_process, "served_model", "m")
     metrics.record_activation_stage("warmup.process_start", 3.0, "m", trace_id=7)
     (obs,) = list(metrics._observe_last(None))
     assert obs.attributes == {"ttft.stage": "warmup.process_start",

@@ -115,10 +115,10 @@ def test_compose_file_passes_docker_compose_config():
 # --- dashboards ---------------------------------------------------------------------------------
 def test_dashboards_are_what_the_code_generates(tmp_path):
     pytest.importorskip("grafana_foundation_sdk")
-    from otel_ttft.dashboards.__main__ import BUILDERS, main, render
+    from otel_ttft.tools.dashboards.__main__ import BUILDERS, main, render
 
     assert main(["--check", str(DASHBOARDS_DIR)]) == 0, \
-        "grafana/dashboards is stale: run `python -m otel_ttft.dashboards`"
+        "grafana/dashboards is stale: run `python -m otel_ttft.tools.dashboards`"
     committed = {p.name for p in DASHBOARDS_DIR.glob("*.json")}
     assert committed == set(BUILDERS)
     # And --check does notice a change.

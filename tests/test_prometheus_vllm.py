@@ -1,6 +1,6 @@
 """End to end with a real Prometheus: metrics a real instrumented vLLM produced, received by the
-embedded OTLP receiver, converted to the Collector's Prometheus names by ``otel_ttft.prom`` and
-backfilled with ``promtool tsdb create-blocks-from openmetrics``, evaluated by the shipped rules
+embedded OTLP receiver, converted to the Collector's Prometheus names by ``otel_ttft.tools.prom``
+and backfilled with ``promtool tsdb create-blocks-from openmetrics``, evaluated by the shipped rules
 and queried with every PromQL expression of every dashboard.
 
 Two vLLM starts: a normal one, replayed as the model's activation three hours ago (the baseline;
@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from otel_ttft import semconv
-from otel_ttft.prom.exposition import openmetrics_history
-from otel_ttft.replay.server import VllmServer
+from otel_ttft.tools.prom.exposition import openmetrics_history
+from otel_ttft.tools.replay.server import VllmServer
 from tests.export_env import EXPORT_ENV
 from tests.prom_helpers import (
     api,
@@ -35,6 +35,7 @@ from tests.prom_helpers import (
     variable_queries,
     wait_for_alerts,
 )
+from tests.vllm_args import EAGER_ARGS
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1500), pytest.mark.skipif(
     not have_prometheus() and not os.environ.get("CI"), reason="needs prometheus and promtool")]
@@ -69,17 +70,6 @@ def register():
 '''
 
 
-def _plugin_dir(tmp_path: Path) -> Path:
-    root = tmp_path / "slow_plugin"
-    dist = root / "ttft_slow_plugin-0.0.dist-info"
-    dist.mkdir(parents=True)
-    (root / "ttft_slow_plugin.py").write_text(SLOW_PLUGIN)
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ttft-slow-plugin\nVersion: 0.0\n")
-    (dist / "entry_points.txt").write_text(
-        "[vllm.general_plugins]\nttft_slow = ttft_slow_plugin:register\n")
-    return root
-
-
 def _complete(server: VllmServer, model: Path, prompt: str) -> None:
     body = json.dumps({"model": str(model), "prompt": prompt, "max_tokens": 4,
                        "temperature": 0}).encode()
@@ -89,15 +79,15 @@ def _complete(server: VllmServer, model: Path, prompt: str) -> None:
         assert resp.status == 200
 
 
-def _run(receiver_factory, tiny_model: Path, tmp: Path, *, slow: bool, requests: int):
+def _run(receiver_factory, vllm_plugin, tiny_model: Path, tmp: Path, *, slow: bool,
+         requests: int):
     """One real start under opentelemetry-instrument; returns (metric points, spans)."""
     rx = receiver_factory(tmp / "store")
     env = {**EXPORT_ENV, "OTEL_EXPORTER_OTLP_ENDPOINT": rx.http_endpoint}
     if slow:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_plugin_dir(tmp)),
-                                                          os.environ.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = vllm_plugin("ttft_slow_plugin", SLOW_PLUGIN)
         env["OTEL_TTFT_TEST_SLOW_DEVICE_INIT"] = str(SLOW_S)
-    server = VllmServer(tiny_model, env=env, extra_args=("--enforce-eager",),
+    server = VllmServer(tiny_model, env=env, extra_args=(*EAGER_ARGS,),
                         log_path=tmp / "server.log")
     try:
         # A start takes ~1 min here idle, several when the machine is shared: generous limit.
@@ -124,8 +114,8 @@ def _run(receiver_factory, tiny_model: Path, tmp: Path, *, slow: bool, requests:
 
 @pytest.fixture
 def receiver_factory():
-    from otel_ttft.sink.receiver import OTLPReceiver
-    from otel_ttft.sink.store import SpanStore
+    from otel_ttft.tools.sink.receiver import OTLPReceiver
+    from otel_ttft.tools.sink.store import SpanStore
 
     def make(directory: Path) -> OTLPReceiver:
         return OTLPReceiver(SpanStore(directory)).start()
@@ -153,11 +143,12 @@ def _value(point_list: list[dict], stage: str) -> float:
     return max(values)
 
 
-def test_warmup_alert_and_dashboards_on_real_vllm_metrics(receiver_factory, tiny_model, tmp_path):
-    normal_points, normal_spans = _run(receiver_factory, tiny_model, tmp_path / "normal",
-                                       slow=False, requests=6)
-    slow_points, slow_spans = _run(receiver_factory, tiny_model, tmp_path / "slow", slow=True,
-                                   requests=4)
+def test_warmup_alert_and_dashboards_on_real_vllm_metrics(receiver_factory, vllm_plugin, tiny_model,
+                                                          tmp_path):
+    normal_points, normal_spans = _run(receiver_factory, vllm_plugin, tiny_model,
+                                       tmp_path / "normal", slow=False, requests=6)
+    slow_points, slow_spans = _run(receiver_factory, vllm_plugin, tiny_model, tmp_path / "slow",
+                                   slow=True, requests=4)
     # The injected sleep is where it should be, measured by our own span.
     assert _value(slow_points, SLOW_STAGE) >= SLOW_S > 2 * _value(normal_points, SLOW_STAGE)
 

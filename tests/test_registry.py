@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from otel_ttft.hooks.registry import Hook, HookSet, resolve
+from otel_ttft.runtime.hooks.registry import Hook, HookSet, resolve
 
 
 @pytest.fixture
@@ -204,7 +204,7 @@ def test_async_hook_that_fails_is_bypassed_and_vllms_errors_pass(kinds_pkg, capl
 
 def _stream_class(fail_in=None):
     """A Stream observer class that records what the registry tells it, failing where asked."""
-    from otel_ttft.hooks.registry import Stream
+    from otel_ttft.runtime.hooks.registry import Stream
 
     log: list = []
 
@@ -250,7 +250,7 @@ def _drain(agen, take=None):
 
 
 def test_stream_hook_sees_each_item_and_how_the_stream_ended(kinds_pkg):
-    from otel_ttft.hooks.registry import ABORTED, FAILED, FINISHED
+    from otel_ttft.runtime.hooks.registry import ABORTED, FAILED, FINISHED
 
     observed, log = _stream_class()
     hooks = _apply(Hook("t.stream", f"{kinds_pkg}:generate", observed))
@@ -269,7 +269,7 @@ def test_stream_hook_sees_each_item_and_how_the_stream_ended(kinds_pkg):
 
 
 def test_stream_hook_without_each_item_sees_first_and_last_only(kinds_pkg):
-    from otel_ttft.hooks.registry import ABORTED, FINISHED
+    from otel_ttft.runtime.hooks.registry import ABORTED, FINISHED
 
     observed, log = _stream_class()
     observed.each_item = False  # the hot path: nothing per item but the hand-over

@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from otel_ttft import cli, semconv
-from otel_ttft.replay import drivers
-from otel_ttft.replay.client import ChatClient, Sampling, make_tracer_provider
-from otel_ttft.replay.progress import Progress
-from otel_ttft.replay.prompts import PromptError, build_prompts, tokenizer_counter
-from otel_ttft.replay.runner import plan
-from otel_ttft.replay.server import ServerStartError, free_port
+from otel_ttft import semconv
+from otel_ttft.tools import cli
+from otel_ttft.tools.replay import drivers
+from otel_ttft.tools.replay.client import ChatClient, Sampling, make_tracer_provider
+from otel_ttft.tools.replay.progress import Progress
+from otel_ttft.tools.replay.prompts import PromptError, build_prompts, tokenizer_counter
+from otel_ttft.tools.replay.runner import ReplayRun, plan
+from otel_ttft.tools.replay.server import ServerStartError, free_port
 
 
 def words(text: str) -> int:
@@ -66,6 +67,38 @@ def test_scenario_plans_follow_the_article():
         plan("adapter-switch", "A", "B", ("x",))
     with pytest.raises(ValueError):
         plan("nope", "A", "B", ())
+
+
+def test_switching_scenarios_repeat_as_paid_for_and_the_others_as_warm_repeats(tiny_model):
+    prompts = build_prompts(tokenizer_counter(str(tiny_model)), 512, 16)
+    driver = drivers.ResidentDriver([_target("A", url="http://127.0.0.1:1"),
+                                     _target("B", url="http://127.0.0.1:2")],
+                                    Progress(live=False))
+    run = ReplayRun(driver, "A", "B", prompts, repeat=2, repeat_warm=5)
+    assert {s: run.repeats(s) for s in semconv.SCENARIOS} == {
+        "cold-switch": 2, "switch-back": 2, "resident-dual": 5, "short-prompt": 5,
+        "long-prompt": 5, "adapter-switch": 5}
+    attrs = run.attributes()
+    assert (attrs[semconv.ATTR_REPLAY_REPEAT], attrs[semconv.ATTR_REPLAY_REPEAT_WARM],
+            attrs[semconv.ATTR_REPLAY_COLD_REQUESTS]) == (2, 5, 3)
+    assert ReplayRun(driver, "A", "B", prompts, repeat=3).repeats("short-prompt") == 3
+
+
+def test_generations_change_when_a_server_may_have_been_reactivated():
+    """What "warm" is counted against: requests served before a (re)start do not count."""
+    targets = [_target("A", url="http://127.0.0.1:1"), _target("B", url="http://127.0.0.1:2")]
+    resident = drivers.ResidentDriver(targets, Progress(live=False))
+    assert resident.generation(targets[0]) == resident.generation(targets[0])
+    proxy = drivers.ProxyDriver(targets, Progress(live=False), proxy_url="http://127.0.0.1:9")
+    prepared = []
+    before = proxy.generation(targets[0])
+    proxy.switch_to(targets[0], prepare=lambda: prepared.append("A"))
+    after = proxy.generation(targets[0])
+    proxy.url(targets[0])  # asking again for the model it serves: no swap
+    assert before != after == proxy.generation(targets[0]) and prepared == ["A"]
+    proxy.url(targets[1])  # the router swaps B in, then A again
+    proxy.switch_to(targets[0], prepare=lambda: prepared.append("A again"))
+    assert proxy.generation(targets[0]) != after and prepared == ["A", "A again"]
 
 
 def test_templates_expand_and_reject_what_would_break_a_restart():
@@ -198,14 +231,18 @@ def test_a_failed_request_is_a_finished_error_span_with_the_run_attributes():
 @pytest.mark.parametrize("argv, message", [
     (["--scenarios", "cold-switch,bogus"], "unknown scenario 'bogus'"),
     (["--scenarios", ","], "unknown scenario"),
-    (["--repeat", "0"], "--repeat must be >= 1"),
-    (["--repeat", "1e9x"], "--repeat must be an integer"),
+    (["--repeat", "0"], "--repeat: must be >= 1"),
+    (["--repeat", "1e9x"], "--repeat: must be an integer"),
+    (["--repeat-warm", "0"], "--repeat-warm: must be >= 1"),
+    (["--repeat-warm", "many"], "--repeat-warm: must be an integer"),
+    (["--repeat-warm", "100000"], "load test"),
     (["--concurrency", "100000"], "load test"),
     (["--driver", "nope"], "unknown driver"),
     (["--serve-a", "python -m vllm --model {model}"], "no {port}"),
     (["--adapter", "just-a-name"], "NAME=PATH"),
     (["--otlp-endpoint", "ftp://127.0.0.1"], "not an http(s) URL"),
-    (["--otlp-endpoint", "http://127.0.0.1:99999"], "bad port"),
+    (["--otlp-endpoint", "http://127.0.0.1:99999"], "not a valid URL"),
+    (["--otlp-endpoint", "http://[::1"], "not a valid URL"),
     (["--otlp-endpoint", f"http://127.0.0.1:{free_port()}"], "cannot reach"),
     (["--start-timeout", "-1"], "must be > 0"),
 ])
@@ -233,6 +270,7 @@ def test_unreachable_servers_exit_2_before_anything_starts(receiver, capsys):
 
 
 def test_semconv_replay_names_are_documented():
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    for name in (semconv.SPAN_REPLAY_RUN, semconv.SPAN_REPLAY_REQUEST, semconv.SPAN_SWITCH):
-        assert f"`{name}`" in text
+    text = (Path(__file__).resolve().parents[1] / "docs" / "replay.md").read_text()
+    for name in (semconv.SPAN_REPLAY_RUN, semconv.SPAN_REPLAY_REQUEST, semconv.SPAN_SWITCH,
+                 semconv.METRIC_CLIENT_TIME_TO_FIRST_CHUNK, *semconv.SCENARIOS, *semconv.DRIVERS):
+        assert f"`{name}`" in text, name

@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import json
 import shlex
-from pathlib import Path
 
 import pytest
 
-from otel_ttft import cli, semconv, tiny_model
-from otel_ttft.replay.command import run_argv
-from otel_ttft.replay.drivers import DEFAULT_TEMPLATE
+from otel_ttft import semconv
+from otel_ttft.tools import cli, tiny_model
+from otel_ttft.tools.replay.command import run_argv
+from otel_ttft.tools.replay.drivers import DEFAULT_TEMPLATE
+from tests.vllm_args import EAGER_ARGS
 
 pytestmark = pytest.mark.vllm
 
 SCENARIOS = ("cold-switch", "switch-back", "short-prompt")
-EAGER = DEFAULT_TEMPLATE + " --enforce-eager"
+WARM_REPEATS = 3  # the baseline measures its noise from 3 requests (fewer: "cannot tell")
+EAGER = DEFAULT_TEMPLATE + " " + " ".join(EAGER_ARGS)
 
 
 SLOW_READ_S = 4.0  # per shard of B (6 shards): slow storage, as a NAS would be
@@ -56,28 +58,17 @@ def register():
 """
 
 
-def _slow_storage_plugin(tmp_path: Path) -> Path:
-    """A vLLM general plugin (entry point) that slows every checkpoint shard read."""
-    root = tmp_path / "ttft_test_slow"
-    dist = root / "ttft_test_slow-0.0.dist-info"
-    dist.mkdir(parents=True)
-    (root / "ttft_test_slow.py").write_text(SLOW_PLUGIN)
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ttft-test-slow\nVersion: 0.0\n")
-    (dist / "entry_points.txt").write_text(
-        "[vllm.general_plugins]\nttft_test_slow = ttft_test_slow:register\n")
-    return root
-
-
 def _named(spans, name):
     return [s for s in spans if s["name"] == name]
 
 
-def test_replay_restart_driver_traces_the_switch_end_to_end(receiver, tmp_path):
-    slow_b = (f"env PYTHONPATH={shlex.quote(str(_slow_storage_plugin(tmp_path)))} "
+def test_replay_restart_driver_traces_the_switch_end_to_end(receiver, tmp_path, vllm_plugin):
+    # B's checkpoint sits on "slow storage": a plugin slows every shard read.
+    slow_b = (f"env PYTHONPATH={shlex.quote(vllm_plugin('ttft_test_slow', SLOW_PLUGIN))} "
               f"TTFT_TEST_SLOW_READ_S={SLOW_READ_S} " + EAGER)
     rc = run_argv(["--scenarios", ",".join(SCENARIOS), "--otlp-endpoint", receiver.http_endpoint,
-                   "--out", str(tmp_path / "logs"), "--max-tokens", "4",
-                   "--serve-a", EAGER, "--serve-b", slow_b])
+                   "--out", str(tmp_path / "logs"), "--max-tokens", "4", "--repeat-warm",
+                   str(WARM_REPEATS), "--serve-a", EAGER, "--serve-b", slow_b])
     assert rc == 0, f"replay failed; server logs in {tmp_path / 'logs'}"
     name_a, name_b = tiny_model.MODEL_NAME, tiny_model.MODEL_B_NAME
 
@@ -85,7 +76,8 @@ def test_replay_restart_driver_traces_the_switch_end_to_end(receiver, tmp_path):
         requests = _named(spans, semconv.SPAN_REPLAY_REQUEST)
         children = {s["parent_span_id"] for s in _named(spans, semconv.SPAN_REQUEST)}
         # The last server (A) is stopped at the end: three switch spans in all.
-        return (len(requests) == 3 and all(r["span_id"] in children for r in requests)
+        return (len(requests) == 2 + WARM_REPEATS
+                and all(r["span_id"] in children for r in requests)
                 and len(_named(spans, semconv.SPAN_SWITCH)) == 3
                 and _named(spans, semconv.SPAN_REPLAY_RUN))
 
@@ -102,6 +94,7 @@ def test_replay_restart_driver_traces_the_switch_end_to_end(receiver, tmp_path):
     prompts = json.loads(attrs[semconv.ATTR_REPLAY_PROMPTS])
     assert prompts["long"]["tokens"] > prompts["short"]["tokens"] > 0
     assert attrs[semconv.ATTR_REPLAY_CONCURRENCY] == 1 and attrs[semconv.ATTR_REPLAY_REPEAT] == 1
+    assert attrs[semconv.ATTR_REPLAY_REPEAT_WARM] == WARM_REPEATS
 
     requests = {r["attributes"][semconv.ATTR_REPLAY_SCENARIO]: r
                 for r in _named(spans, semconv.SPAN_REPLAY_REQUEST)}

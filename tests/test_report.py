@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from otel_ttft.analysis.contract import PIPELINE, Analysis, parse_analysis
-from otel_ttft.analysis.report import (
+from otel_ttft.tools.analysis.contract import PIPELINE, Analysis, parse_analysis
+from otel_ttft.tools.analysis.report import (
     FAMILY_COLOURS,
     fmt_s,
     nice_ticks,
@@ -135,12 +135,14 @@ def test_dom_has_a_waterfall_per_scenario_the_stacked_bars_and_every_verdict(ren
     sections = [a["data-scenario"] for a in el.having("section", "scenario")]
     assert sections == list(PROFILES)
     assert len(el.having("svg", "waterfall")) == 6
-    # one row per segment of each representative request (no merging needed here)
+    # one rect per segment of each representative request, one lane per sub-stage
     rows = el.having("rect", "segment")
-    want = sum(len(representative([r for r in doc.requests if r.scenario == s],
-                                  doc.scenarios[s].ttft_p50_s).segments) for s in PROFILES)
-    assert len(rows) == want
+    reps = [representative([r for r in doc.requests if r.scenario == s],
+                           doc.scenarios[s].ttft_p50_s) for s in PROFILES]
+    assert len(rows) == sum(len(r.segments) for r in reps)
     assert Counter(a["data-stage"] for a in rows)["warmup"] == 2 * 6 + 1  # 2 switches + adapter
+    lanes = [a["data-lane"] for a in el.having("g", "lane")]
+    assert len(lanes) == sum(len({s.label for s in r.segments}) for r in reps)
     assert len(el.having("svg", "stacked")) == 1
     assert [a["data-scenario"] for a in el.having("g", "bar")] == list(PROFILES)
     verdicts = el.having("article", "verdict")
@@ -218,12 +220,13 @@ def test_parse_accepts_what_the_fixture_writes() -> None:
         assert ends[-1] == pytest.approx(r.client_ttft_s)
 
 
-def test_many_segments_become_bounded_rows_and_no_segments_still_render() -> None:
-    from otel_ttft.analysis.report import MAX_ROWS, build_context
+def test_many_segments_become_one_lane_each_with_bounded_rects() -> None:
+    """5,000 alternating decode-like steps are two lanes (one per sub-stage), not 5,000 rows;
+    the rects per lane are bounded, the longest kept."""
+    from otel_ttft.tools.analysis.report import MAX_STRIP, build_context
 
     data = build_analysis(repeat=1)
     req = next(r for r in data["requests"] if r["scenario"] == "long-prompt")
-    # 5000 alternating decode-like steps: adjacent ones differ, so no merging helps
     req["segments"] = [{"stage": "prefill", "substage": f"prefill.{i % 2}", "start_s": i * 0.001,
                         "duration_s": 0.001 * (1 + (i == 1234))} for i in range(5000)]
     empty = next(r for r in data["requests"] if r["scenario"] == "short-prompt")
@@ -232,16 +235,37 @@ def test_many_segments_become_bounded_rows_and_no_segments_still_render() -> Non
     ctx = build_context(Analysis.model_validate(data))
     by_name = {w if isinstance(w, str) else w.scenario: w for w in ctx["waterfalls"]}
     long_wf = by_name["long-prompt"]
-    assert len(long_wf.rows) == MAX_ROWS and long_wf.hidden == 5000 - MAX_ROWS
-    assert any(r["full"] == "prefill.0" and r["value"] == "2.0 ms" for r in long_wf.rows)
+    assert [r["full"] for r in long_wf.rows] == ["prefill.0", "prefill.1"]
+    assert sum(len(r["rects"]) for r in long_wf.rows) <= MAX_STRIP
+    assert long_wf.rows[0]["value"] == "2.50 s in 2500 parts"  # every part counted
+    assert long_wf.hidden == 0
     assert by_name["short-prompt"].rows == [] and by_name["never-ran"] == "never-ran"
     html = render_report(Analysis.model_validate(data))
-    assert "shorter segments are not drawn" in html and "carries no segments" in html
-    assert "No request of this scenario" in html
+    assert "carries no segments" in html and "No request of this scenario" in html
+
+
+def test_a_lane_holds_every_segment_of_its_substage() -> None:
+    """The cold-switch waterfall of the issue: load and warm-up slivers alternating; each
+    sub-stage is one row whatever the number of its segments."""
+    from otel_ttft.tools.analysis.report import build_waterfall
+
+    data = build_analysis(repeat=1)
+    req = next(r for r in data["requests"] if r["scenario"] == "cold-switch")
+    t, segs = 0.0, []
+    for i in range(50):
+        sub = ("load.read", "warmup")[i % 2]
+        segs.append({"stage": sub.split(".")[0], "substage": sub, "start_s": t,
+                     "duration_s": 0.0004})
+        t += 0.0004
+    req["segments"] = segs
+    doc = Analysis.model_validate(data)
+    wf = build_waterfall("cold-switch", [r for r in doc.requests if r.scenario == "cold-switch"],
+                         0.02)
+    assert [(r["full"], len(r["rects"])) for r in wf.rows] == [("load.read", 25), ("warmup", 25)]
 
 
 def test_adjacent_segments_of_one_substage_merge() -> None:
-    from otel_ttft.analysis.report import build_waterfall
+    from otel_ttft.tools.analysis.report import build_waterfall
 
     data = build_analysis(repeat=1)
     req = next(r for r in data["requests"] if r["scenario"] == "short-prompt")
@@ -254,24 +278,91 @@ def test_adjacent_segments_of_one_substage_merge() -> None:
 
 
 def test_disk_full_leaves_no_partial_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk fills while the page is written: an error, and neither the page nor the
+    temporary file beside it is left (a real full disk, as a file-size limit, is in
+    test_commands_hostile)."""
     import errno
 
-    from otel_ttft.analysis import report
+    from otel_ttft.tools import safe_io
+    from otel_ttft.tools.analysis import report
 
-    class Full:
-        def __init__(self, fd, *a, **k):
-            os.close(fd)
+    def full(self, _):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def write(self, _):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    monkeypatch.setattr(report.os, "fdopen", Full)
+    monkeypatch.setattr(safe_io._Text, "write", full)
     with pytest.raises(report.ReportError, match="No space left on device"):
         write_report(analysis(), tmp_path / "report.html")
     assert list(tmp_path.iterdir()) == []
+
+
+class Text(HTMLParser):
+    """What a reader sees: text outside <style> and <head>, tooltips (<title> in SVG) included."""
+
+    def __init__(self, html: str) -> None:
+        super().__init__()
+        self.parts: list[str] = []
+        self._skip = 0
+        self.feed(html)
+
+    def handle_starttag(self, tag, attrs):
+        self._skip += tag in ("style", "head")
+
+    def handle_endtag(self, tag):
+        self._skip -= tag in ("style", "head")
+
+    def handle_data(self, data):
+        if not self._skip:
+            self.parts.append(data)
+
+    @property
+    def text(self) -> str:
+        return " ".join(self.parts)
+
+
+def test_verdict_cards_show_words_and_units_never_raw_keys() -> None:
+    doc = analysis()
+    html = render_report(doc)
+    text = Text(html).text
+    keys = {k for v in doc.verdicts for k in v.evidence} | {
+        k for r in doc.requests for k in r.evidence.model_dump()}
+    raw = sorted(k for k in keys if "_" in k and k in text)
+    assert not raw, raw
+    assert "stage_deltas_s" not in text and "{" not in text
+    cold = next(v for v in doc.verdicts if v.scenario == "cold-switch")
+    card = html[html.index('data-scenario="cold-switch" data-outcome'):]
+    card = card[:card.index("</article>")]
+    card_text = Text(card).text
+    assert "181.4 MB" in card_text  # 181,403,648 bytes
+    assert "76 MB/s" in card_text  # 0.0756 GB/s
+    assert "noise" in card_text and "\u00b14.0 ms" in card_text
+    assert card.count('class="bar-row') == len(PIPELINE)
+    assert card.count("<li data-stage=") == len(cold.chain) > 0
+    assert Text(card).text.count("of the increase") == len(cold.chain)
+
+
+def test_cards_of_earlier_v1_writers_still_render() -> None:
+    """An analysis.json without outcome, chain or stage deltas (written before them)."""
+    data = build_analysis()
+    for v in data["verdicts"]:
+        for key in ("outcome", "chain", "summary"):
+            v.pop(key)
+        v["evidence"].pop("stage_deltas_s")
+    html = render_report(Analysis.model_validate(data))
+    assert html.count('class="card verdict"') == len(data["verdicts"])
+    assert 'class="bar-row' not in html
+
+
+def test_units_follow_the_key_and_unknown_keys_read_as_words() -> None:
+    from otel_ttft.tools.analysis.report_format import fmt_bytes, fmt_value, label_of
+
+    assert fmt_value("read_gb_per_s_p50", 1.234) == "1.23 GB/s"
+    assert fmt_value("some_gb_per_s", 0.0756) == "76 MB/s"
+    assert fmt_value("extra_wait_s", 0.0042) == "4.2 ms"
+    assert fmt_value("ttft_delta_s", -0.5) == "\u2212500 ms"
+    assert fmt_value("baseline_model_was_resident_share", 1.0) == "100%"
+    assert fmt_value("cold", False) == "no" and fmt_value("x", None) == "not measured"
+    assert [fmt_bytes(b) for b in (11_027_568, 4.2e9, 512)] == ["11.0 MB", "4.20 GB", "512 B"]
+    assert label_of("read_retry_count") == "Read retry count"
+    assert label_of("queue_wait_p50_s") == "Queue wait p50"
+    deep = {"a_b": [{"c_d": [[1]]}]}
+    assert "_" not in fmt_value("nested_thing", deep)

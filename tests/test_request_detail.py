@@ -12,15 +12,17 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from otel_ttft import config, semconv, spans
-from otel_ttft import environment_variables as env
-from otel_ttft.analysis.breakdown import collect
-from otel_ttft.config import Config
-from otel_ttft.hooks.request import detail
-from otel_ttft.hooks.request import metrics as request_metrics
-from otel_ttft.hooks.request import spans as request_spans
-from otel_ttft.hooks.request.state import RequestRecord
-from otel_ttft.hooks.request.timeline import SCHEDULED
+from otel_ttft import semconv
+from otel_ttft.runtime import config
+from otel_ttft.runtime import environment_variables as env
+from otel_ttft.runtime.config import Config
+from otel_ttft.runtime.hooks.request import detail
+from otel_ttft.runtime.hooks.request import metrics as request_metrics
+from otel_ttft.runtime.hooks.request import spans as request_spans
+from otel_ttft.runtime.hooks.request.state import RequestRecord
+from otel_ttft.runtime.hooks.request.timeline import SCHEDULED
+from otel_ttft.runtime.telemetry import spans
+from otel_ttft.tools.analysis.breakdown import collect
 from tests import analysis_fixtures as fx
 
 SAMPLED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"

@@ -19,7 +19,8 @@ from opentelemetry.sdk.metrics.view import (
 )
 
 from otel_ttft import semconv
-from otel_ttft.hooks.request.histogram import SampleWriter
+from otel_ttft.runtime.hooks.request.histogram import SampleWriter
+from otel_ttft.runtime.telemetry import sdk_internals
 
 DELTA = {Histogram: AggregationTemporality.DELTA}
 ATTRS = [
@@ -142,7 +143,7 @@ def test_unexpected_internals_log_once_and_keep_every_sample(caplog) -> None:
     public_readers, public, direct_readers, writer = _pair([{}])
     _feed(public, writer, 20, seed=3)
     writer._targets[0] = [[object(), None, {}, None, None]]  # an SDK with other internals
-    writer._storages = writer.instrument._measurement_consumer._reader_storages
+    writer._storages = sdk_internals.histogram_storages(writer.instrument)
     with caplog.at_level(logging.INFO, logger="otel_ttft"):
         _feed(public, writer, 100, seed=4)
     assert writer._broken

@@ -13,34 +13,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from otel_ttft import config, environment_variables, semconv, spans
-from otel_ttft.hooks.request import metrics as request_metrics
-from otel_ttft.hooks.request import spans as request_spans
-from otel_ttft.hooks.request.state import FlushBox, RequestRecord
-from otel_ttft.hooks.request.timeline import SCHEDULED
-
-
-@pytest.fixture
-def telemetry():
-    def make(**settings):
-        settings.setdefault("request_detail", semconv.DETAIL_SPANS)  # every request's span
-        exporter = InMemorySpanExporter()
-        tracer_provider = TracerProvider()
-        tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
-        reader = InMemoryMetricReader()
-        meter_provider = MeterProvider(metric_readers=[reader])
-        config.configure(config.Config(tracer_provider=tracer_provider,
-                                       meter_provider=meter_provider, **settings))
-        spans.use_tracer_provider(tracer_provider)
-        request_metrics.reset()
-        request_metrics.forget()
-        return exporter, reader, tracer_provider
-
-    yield make
-    config.configure(config.Config())
-    spans.use_tracer_provider(None)
-    request_metrics.reset()
-    request_metrics.forget()
+from otel_ttft import semconv
+from otel_ttft.runtime import config, environment_variables
+from otel_ttft.runtime.hooks.request import metrics as request_metrics
+from otel_ttft.runtime.hooks.request import spans as request_spans
+from otel_ttft.runtime.hooks.request.state import FlushBox, RequestRecord
+from otel_ttft.runtime.hooks.request.timeline import SCHEDULED
 
 
 def _points(data, name):
@@ -159,7 +137,7 @@ def test_every_otel_ttft_variable_the_code_reads_is_listed():
 
 
 def test_instrument_takes_the_providers_and_uninstrument_lets_them_go(monkeypatch):
-    from otel_ttft.instrumentor import VllmTTFTInstrumentor
+    from otel_ttft.runtime.instrumentor import VllmTTFTInstrumentor
 
     monkeypatch.setenv(environment_variables.OTEL_TTFT_COLD_REQUESTS, "5")
     exporter = InMemorySpanExporter()
@@ -181,10 +159,3 @@ def test_instrument_takes_the_providers_and_uninstrument_lets_them_go(monkeypatc
     assert _points(data, semconv.METRIC_SERVER_TTFT)
     assert config.current == config.Config()
 
-
-def test_readme_tables_every_setting():
-    from pathlib import Path
-
-    readme = (Path(config.__file__).parents[1] / "README.md").read_text()
-    listed = [v for k, v in vars(environment_variables).items() if k.startswith("OTEL_")]
-    assert [v for v in listed if f"| `{v}` |" not in readme] == []

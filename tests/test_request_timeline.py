@@ -5,19 +5,19 @@ from __future__ import annotations
 
 import pytest
 
-from otel_ttft import clock, semconv
-from otel_ttft.hooks.request import payload
-from otel_ttft.hooks.request import spans as request_spans
-from otel_ttft.hooks.request.payload import EnginePayload
-from otel_ttft.hooks.request.state import FlushBox, RequestRecord
-from otel_ttft.hooks.request.timeline import (
+from otel_ttft import semconv
+from otel_ttft.runtime import clock
+from otel_ttft.runtime.hooks.request import payload
+from otel_ttft.runtime.hooks.request import spans as request_spans
+from otel_ttft.runtime.hooks.request.payload import EnginePayload
+from otel_ttft.runtime.hooks.request.state import FlushBox, RequestRecord
+from otel_ttft.runtime.hooks.request.timeline import (
     PREEMPTED,
     SCHEDULED,
     stage_durations,
     stage_totals,
     tile,
 )
-from tests.test_request_telemetry import telemetry  # noqa: F401 - a fresh provider per test
 
 FRONTEND, QUEUE, PREFILL = semconv.STAGE_FRONTEND, semconv.STAGE_QUEUE, semconv.STAGE_PREFILL
 
@@ -145,7 +145,7 @@ def _record(headers):
     return rec
 
 
-def test_request_tree_through_the_sdk(telemetry):  # noqa: F811
+def test_request_tree_through_the_sdk(telemetry):
     exporter, _, _ = telemetry()
     trace_id, span_id = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
     rec = _record({"traceparent": f"00-{trace_id}-{span_id}-01"})
@@ -178,7 +178,7 @@ def test_request_tree_through_the_sdk(telemetry):  # noqa: F811
     assert all(s.resource is req.resource for s in kids)
 
 
-def test_request_without_a_caller_is_a_root_server_span(telemetry):  # noqa: F811
+def test_request_without_a_caller_is_a_root_server_span(telemetry):
     exporter, _, _ = telemetry()
     request_spans.emit_request(_record(None), now=100.2)
     (req,) = [s for s in exporter.get_finished_spans() if s.name == semconv.SPAN_REQUEST]

@@ -18,8 +18,10 @@ from urllib.parse import urlparse
 import pytest
 
 from otel_ttft import semconv
-from otel_ttft.environment_variables import OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT
-from otel_ttft.replay.server import VllmServer
+from otel_ttft.runtime.environment_variables import (
+    OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT,
+)
+from otel_ttft.tools.replay.server import VllmServer
 from tests.export_env import EXPORT_ENV
 
 pytestmark = pytest.mark.vllm
@@ -402,7 +404,7 @@ exporter = InMemorySpanExporter()
 provider = TracerProvider()
 provider.add_span_processor(SimpleSpanProcessor(exporter))
 trace.set_tracer_provider(provider)
-from otel_ttft.instrumentor import instrument_once
+from otel_ttft.runtime.instrumentor import instrument_once
 instrument_once()
 from vllm import LLM, SamplingParams
 llm = LLM(model=sys.argv[1], enforce_eager=True, dtype="float32",

@@ -11,12 +11,12 @@ import sys
 import pytest
 
 from otel_ttft import semconv
-from otel_ttft.hooks import request
-from otel_ttft.hooks.registry import HookSet
-from otel_ttft.hooks.request import worker
-from tests.test_request_abort import _params, _request_span, engine, telemetry  # noqa: F401
+from otel_ttft.runtime.hooks import request
+from otel_ttft.runtime.hooks.registry import HookSet
+from otel_ttft.runtime.hooks.request import worker
+from tests.request_engine import params, request_span
 
-pytestmark = [pytest.mark.vllm, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+pytestmark = [pytest.mark.vllm_import, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 
 # --- WorkerProc.enqueue_output: vLLM resolves async outputs itself ------------------------------
@@ -109,15 +109,15 @@ def _output_with_error():
     return EngineCoreOutput033, RequestError
 
 
-def test_a_request_rejected_on_arrival_reads_as_rejected(engine, telemetry):  # noqa: F811
+def test_a_request_rejected_on_arrival_reads_as_rejected(engine, api_telemetry):
     from vllm.v1.engine import FinishReason
     from vllm.v1.metrics.stats import IterationStats
 
-    exporter, _ = telemetry
+    exporter, _ = api_telemetry
     output_cls, request_error = _output_with_error()
 
     async def scenario():
-        agen = engine.llm.generate("hello", _params(8), "cmpl-rejected-1")
+        agen = engine.llm.generate("hello", params(8), "cmpl-rejected-1")
         first = asyncio.ensure_future(agen.__anext__())
         await asyncio.sleep(0)
         out = output_cls(request_id="cmpl-rejected-1", new_token_ids=[],
@@ -130,7 +130,7 @@ def test_a_request_rejected_on_arrival_reads_as_rejected(engine, telemetry):  # 
         await agen.aclose()
 
     asyncio.run(scenario())
-    span = _request_span(exporter)
+    span = request_span(exporter)
     assert span.attributes[semconv.ATTR_REQUEST_REJECTED] is True
     assert semconv.ATTR_REQUEST_TTFT not in span.attributes
     assert span.status.status_code.name == "ERROR" and "engine_paused" in span.status.description

@@ -10,10 +10,10 @@ import cloudpickle
 import pytest
 from opentelemetry import trace
 
-from otel_ttft.hooks import rpc
+from otel_ttft.runtime.hooks import rpc
 from tests.otel_memory import memory_exporter
 
-pytestmark = [pytest.mark.vllm, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+pytestmark = [pytest.mark.vllm_import, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 
 class FakeWorker:

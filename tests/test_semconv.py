@@ -1,5 +1,5 @@
-"""One vocabulary: every name is unique, every stage is in the design's families, the README
-documents every stage, span name, attribute and metric."""
+"""One vocabulary: every name is unique, every stage is in the design's families, every name is
+used (the docs' reference tables, generated from it, are checked in test_docs.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ import re
 from pathlib import Path
 
 from otel_ttft import semconv
-
-README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def _constants(prefix: str) -> dict[str, str]:
@@ -23,9 +21,17 @@ def test_stage_values_are_unique_and_belong_to_a_design_family():
     assert set(semconv.ALL_STAGES) == set(stages.values())
 
 
-def test_design_families_are_exactly_the_design_vocabulary():
-    assert set(semconv.STAGE_FAMILIES) == {
-        "switch", "load", "warmup", "queue", "prefill", "frontend", "network", "first_decode"}
+def test_families_are_the_ttft_pipeline_and_first_decode_each_with_a_fix():
+    """TTFT is the sum of the pipeline's stages; first_decode is reported outside it. A family
+    outside the pipeline would never be in a breakdown, one without a fix never in a verdict."""
+    from otel_ttft.tools.analysis.verdict import FIXES
+
+    assert semconv.STAGE_FIRST_DECODE not in semconv.TTFT_PIPELINE
+    assert len(set(semconv.TTFT_PIPELINE)) == len(semconv.TTFT_PIPELINE)
+    assert set(semconv.STAGE_FAMILIES) == {*semconv.TTFT_PIPELINE, semconv.STAGE_FIRST_DECODE}
+    for family in semconv.STAGE_FAMILIES:
+        assert semconv.stage_family(family) == family and family in semconv.ALL_STAGES, family
+    assert [f for f in semconv.TTFT_PIPELINE if f not in FIXES] == []
 
 
 def test_vllm_span_table_maps_only_to_known_stages():
@@ -39,17 +45,15 @@ def test_attribute_metric_and_span_names_are_unique():
         assert not dupes, (prefix, dupes)
 
 
-# The vocabulary itself: read by analysis through stage_family() and by these tests.
-_VOCABULARY = {"STAGE_FAMILIES", "ALL_STAGES"}
-
-
 def test_every_name_is_used_by_the_package():
-    package = Path(semconv.__file__).parent
-    source = "\n".join(p.read_text() for p in package.rglob("*.py") if p.name != "semconv.py")
-    own = Path(semconv.__file__).read_text()
+    vocabulary = Path(semconv.__file__).parent
+    package = vocabulary.parent
+    source = "\n".join(p.read_text() for p in package.rglob("*.py")
+                       if vocabulary not in p.parents)
+    own = "\n".join(p.read_text() for p in vocabulary.glob("*.py"))
     unused = []
     for name in vars(semconv):
-        if not name.isupper() or name.startswith("_") or name in _VOCABULARY:
+        if not name.isupper() or name.startswith("_"):
             continue
         if re.search(rf"\b{name}\b", source) is None and len(re.findall(rf"\b{name}\b", own)) < 2:
             unused.append(name)
@@ -62,13 +66,6 @@ def test_ttft_buckets_keep_the_genai_boundaries_and_reach_past_10_s():
     buckets = list(semconv.TTFT_BUCKETS_S)
     assert buckets[:len(genai)] == genai
     assert buckets == sorted(buckets) and buckets[-1] >= 600
-
-
-def test_readme_documents_every_name():
-    text = README.read_text()
-    missing = [v for p in ("STAGE_", "ATTR_", "METRIC_") for v in _constants(p).values()
-               if f"`{v}`" not in text]
-    assert not missing, f"README.md does not table: {missing}"
 
 
 def test_activation_buckets_reach_an_hour():

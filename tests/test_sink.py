@@ -22,8 +22,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from otel_ttft.sink.receiver import OTLPReceiver
-from otel_ttft.sink.store import SpanStore
+from otel_ttft.tools.sink.receiver import OTLPReceiver
+from otel_ttft.tools.sink.store import SpanStore
 
 RESOURCE = Resource.create({"service.name": "sink-test", "vllm.process_kind": "worker"})
 
@@ -211,7 +211,7 @@ def test_receiver_fast_path_stores_what_the_full_decoder_returns(tmp_path) -> No
     """``decode_trace_rows`` (the receiver's path) and ``decode_trace_request`` (files) agree."""
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
-    from otel_ttft.sink import otlp_decode
+    from otel_ttft.tools.sink import otlp_decode
 
     request = encode_spans(_make_spans())
     full, fast = SpanStore(tmp_path / "full"), SpanStore(tmp_path / "fast")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from otel_ttft.analysis.traces import load_spans
+from otel_ttft.tools.analysis.traces import load_spans
 
 TRACE = bytes.fromhex("5b8efff798038103d269b633813fc60c")
 
@@ -37,7 +37,7 @@ class Sink:
         self.err_path = store.parent / "sink.err"  # a file: an unread pipe would fill and block
         with open(self.err_path, "ab") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "otel_ttft.cli", "sink", "--dir", str(store),
+                [sys.executable, "-m", "otel_ttft.tools.cli", "sink", "--dir", str(store),
                  "--http-port", "0", "--grpc-port", "-1"],
                 stdout=subprocess.PIPE, stderr=err, text=True, preexec_fn=limit)
         line = self.proc.stdout.readline()

@@ -22,9 +22,9 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as tra
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from otel_ttft.sink import otlp_http
-from otel_ttft.sink.receiver import OTLPReceiver
-from otel_ttft.sink.store import SpanStore
+from otel_ttft.tools.sink import otlp_http
+from otel_ttft.tools.sink.receiver import OTLPReceiver
+from otel_ttft.tools.sink.store import SpanStore
 
 TRACE = "5b8efff798038103d269b633813fc60c"
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-RULES = Path(__file__).resolve().parents[1] / "collector-config" / "rules"
-RULE_FILE = RULES / "otel-ttft-stuck.yml"
+from tests.prom_helpers import RULES_DIR as RULES
+from tests.prom_helpers import STUCK_RULE_FILE as RULE_FILE
+
 TEST_FILE = RULES / "tests" / "otel-ttft-stuck.test.yml"
 
 needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None,

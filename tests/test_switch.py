@@ -18,11 +18,13 @@ import urllib.request
 import psutil
 import pytest
 
-from otel_ttft import clock, semconv
-from otel_ttft.hooks import switch
-from otel_ttft.replay.server import VllmServer
+from otel_ttft import semconv
+from otel_ttft.runtime import clock
+from otel_ttft.runtime.hooks import switch
+from otel_ttft.tools.replay.server import VllmServer
 from tests.export_env import EXPORT_ENV
 from tests.otel_memory import memory_exporter
+from tests.vllm_args import EAGER_ARGS
 
 
 @pytest.fixture
@@ -87,7 +89,7 @@ def test_uninstrument_hands_the_signal_back(fresh_switch):
 def test_sigterm_to_a_real_vllm_emits_the_switch_span(receiver, tiny_model, tmp_path):
     env = {**EXPORT_ENV, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.http_endpoint}
     server = VllmServer(tiny_model, env=env, log_path=tmp_path / "server.log",
-                        extra_args=("--enforce-eager", "--served-model-name", "tiny-a"))
+                        extra_args=(*EAGER_ARGS, "--served-model-name", "tiny-a"))
     server.start()
     try:
         body = json.dumps({"model": "tiny-a", "prompt": "hello", "max_tokens": 2}).encode()
@@ -159,7 +161,7 @@ class _Renderer:
         pass
 
 
-@pytest.mark.vllm
+@pytest.mark.vllm_import
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_sleep_request_is_one_switch_span_with_engine_sleep_under_it(monkeypatch):
     """Sleep mode is rejected on CPU: the real AsyncLLM.sleep and EngineCore.sleep run around
@@ -169,8 +171,8 @@ def test_sleep_request_is_one_switch_span_with_engine_sleep_under_it(monkeypatch
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.engine.core import EngineCore
 
-    from otel_ttft.hooks import activation
-    from otel_ttft.hooks.registry import HookSet
+    from otel_ttft.runtime.hooks import activation
+    from otel_ttft.runtime.hooks.registry import HookSet
 
     exporter = memory_exporter()
     exporter.clear()

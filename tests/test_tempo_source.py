@@ -12,8 +12,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from otel_ttft import cli
-from otel_ttft.analysis.source import SourceError, iter_traces
+from otel_ttft.tools import cli
+from otel_ttft.tools.analysis.source import SourceError, iter_traces
 from tests import analysis_fixtures as fx
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from otel_ttft import tiny_model
+from otel_ttft.tools import tiny_model
 
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from otel_ttft import cli, semconv
-from otel_ttft.analysis.traces import build_trees, iter_traces, load_spans, self_time_by_stage
-from otel_ttft.analysis.tree import render_tree
-from otel_ttft.sink.otlp_encode import export_json
-from otel_ttft.sink.store import SpanStore
+from otel_ttft import semconv
+from otel_ttft.tools import cli
+from otel_ttft.tools.analysis.traces import build_trees, iter_traces, load_spans, self_time_by_stage
+from otel_ttft.tools.analysis.tree import render_tree
+from otel_ttft.tools.sink.otlp_encode import export_json
+from otel_ttft.tools.sink.store import SpanStore
 
 TRACE = "ab" * 16
 
@@ -103,7 +104,7 @@ def test_iter_traces_same_for_every_source(tmp_path: Path) -> None:
     store.close()
     jsonl = write(tmp_path / "spans.jsonl", spans)
     otlp = tmp_path / "otlp.json"
-    assert export_json(tmp_path / "store", otlp) == 9
+    assert export_json(iter_traces(tmp_path / "store"), otlp) == 9
 
     def shape(path: Path) -> list[list[tuple[str, str]]]:
         return [[(s["trace_id"], s["span_id"]) for s in t] for t in iter_traces(path)]
@@ -133,7 +134,7 @@ def test_export_round_trip(tmp_path: Path) -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "otel_ttft.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "otel_ttft.tools.cli", *args], capture_output=True,
                           text=True, timeout=60)
 
 
@@ -162,11 +163,30 @@ def test_sink_port_in_use_exit_2(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("endpoint", ["http://localhost:99999", "localhost:-1", "http://[::1"])
-def test_doctor_bad_endpoint(endpoint: str) -> None:
-    from otel_ttft import doctor
+@pytest.mark.parametrize(("endpoint", "expected"), [
+    ("http://localhost:99999", False),  # a port out of range: not reachable, and no crash
+    ("localhost:-1", False),
+    ("http://[::1", False),  # not a URL at all
+    ("http://:4318", None),  # no host: nothing to check
+    (None, None),  # no endpoint set
+])
+def test_doctor_bad_endpoint(endpoint: str | None, expected: bool | None) -> None:
+    from otel_ttft.tools import doctor
 
-    assert doctor._reachable(endpoint) in (False, None)
+    assert doctor._reachable(endpoint) is expected
+
+
+def test_doctor_tells_a_listening_endpoint_from_a_closed_one() -> None:
+    import socket
+
+    from otel_ttft.tools import doctor
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        url = f"http://127.0.0.1:{listening.getsockname()[1]}"
+        assert doctor._reachable(url) is True
+    assert doctor._reachable(url) is False  # closed now: refused
 
 
 def test_garbage_store_file(tmp_path: Path, capsys) -> None:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from otel_ttft import semconv
-from otel_ttft.analysis.traces import find_request_spans
-from otel_ttft.analysis.tree import render_tree
+from otel_ttft.tools.analysis.traces import find_request_spans
+from otel_ttft.tools.analysis.tree import render_tree
 
 MS = 1_000_000
 

@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from otel_ttft import cli, semconv
-from otel_ttft import environment_variables as env_names
-from otel_ttft.replay.client import ChatClient, Sampling, make_tracer_provider
-from otel_ttft.replay.prompts import build_prompts, tokenizer_counter
-from otel_ttft.replay.server import VllmServer
+from otel_ttft import semconv
+from otel_ttft.runtime import environment_variables as env_names
+from otel_ttft.tools import cli
+from otel_ttft.tools.replay.client import ChatClient, Sampling, make_tracer_provider
+from otel_ttft.tools.replay.prompts import build_prompts, tokenizer_counter
+from otel_ttft.tools.replay.server import VllmServer
 from tests.export_env import EXPORT_ENV
 
 pytestmark = pytest.mark.vllm
@@ -33,7 +34,8 @@ KV_BLOCKS = 17
 
 def _run(tracer, run_id: str, concurrency: int, prompts, steps, url: str, model: str,
          max_tokens: int = 8) -> None:
-    """One replay run span; ``steps`` are (scenario, prompt kind, how many) in order."""
+    """One replay run span; ``steps`` are (scenario, prompt kind, how many) in order; a step
+    whose scenario is None is that many untraced requests (the server's cold ones)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from opentelemetry import context as otel_context
@@ -50,6 +52,10 @@ def _run(tracer, run_id: str, concurrency: int, prompts, steps, url: str, model:
             attrs = {semconv.ATTR_REPLAY_RUN_ID: run_id, semconv.ATTR_REPLAY_SCENARIO: scenario,
                      semconv.ATTR_REPLAY_PROMPT: kind}
             messages = prompts.get(kind).messages()
+            if scenario is None:
+                for _ in range(count):
+                    client.warm(url, model, messages)
+                continue
             for _ in range(count):
                 with ThreadPoolExecutor(concurrency) as pool:
                     futures = [pool.submit(client.request, model, messages, lambda: url, attrs)
@@ -62,7 +68,7 @@ def _run(tracer, run_id: str, concurrency: int, prompts, steps, url: str, model:
 
 
 def _wait_for(store_dir: Path, scenario_counts: dict[str, int], timeout_s: float = 60) -> None:
-    from otel_ttft.analysis.traces import load_spans
+    from otel_ttft.tools.analysis.traces import load_spans
 
     deadline = time.monotonic() + timeout_s
     while True:
@@ -104,8 +110,13 @@ def test_verdicts_name_the_cause_the_test_made(receiver, tiny_model, tmp_path, c
     prompts = build_prompts(counter, MAX_MODEL_LEN, 8)
     with VllmServer(tiny_model, env=env, extra_args=args,
                     log_path=tmp_path / "server.log") as server:
+        # The first request pays the compile; two more finish the activation's cold requests;
+        # then the baseline and an identical workload interleaved (the machine's drift hits
+        # both alike), then long prompts.
         _run(tracer, "sequential", 1, prompts, [
-            ("first-request", "short", 1), (semconv.SCENARIO_SHORT_PROMPT, "short", 8),
+            ("first-request", "short", 1), (None, "short", 2),
+            *[(name, "short", 1) for _ in range(8)
+              for name in (semconv.SCENARIO_SHORT_PROMPT, "short-again")],
             (semconv.SCENARIO_LONG_PROMPT, "long", 4)], server.url, model)
         # 64 tokens each: a long request holds 16 of the 17 blocks for its whole generation, so
         # the others wait in the queue; six short ones (one block each) all fit at once.
@@ -113,7 +124,7 @@ def test_verdicts_name_the_cause_the_test_made(receiver, tiny_model, tmp_path, c
             ("short-burst", "short", 2), ("tiny-kv-burst", "long", 1)], server.url, model,
             max_tokens=64)
         provider.force_flush()
-        _wait_for(receiver.store.directory, {"all": 1 + 8 + 4 + 12 + 6})
+        _wait_for(receiver.store.directory, {"all": 1 + 16 + 4 + 12 + 6})
     provider.shutdown()
     store = receiver.store.directory
 
@@ -127,6 +138,34 @@ def test_verdicts_name_the_cause_the_test_made(receiver, tiny_model, tmp_path, c
     first = _verdict(seq, "first-request")
     assert (first["stage"], first["substage"], first["recommendation"]) == (
         "warmup", "warmup.compile", "persist-artifacts"), first
+    # The first request's front end filled vLLM's logits-processor plugin cache (an entry-point
+    # scan): warm-up work, carved out of its front end, seen nowhere after.
+    by_scenario = {}
+    for r in seq["requests"]:
+        by_scenario.setdefault(r["scenario"], []).append(r)
+    (first_record,) = by_scenario["first-request"]
+    assert first_record["substages"].get(semconv.STAGE_WARMUP_FIRST_USE, 0) > 0, first_record
+    assert all(semconv.STAGE_WARMUP_FIRST_USE not in r["substages"]
+               for r in by_scenario[semconv.SCENARIO_SHORT_PROMPT])
+    from otel_ttft.tools.analysis.traces import load_spans
+
+    spans = load_spans(store)
+    fills = [s for s in spans if s["name"] == semconv.SPAN_FIRST_USE
+             and s["trace_id"] == first_record["trace_id"]]
+    assert fills, "no Front-end first use span in the first request"
+    by_id = {s["span_id"]: s for s in spans}
+    for fill in fills:
+        parent = by_id[fill["parent_span_id"]]
+        assert parent["name"] == semconv.SPAN_REQUEST_INPUT
+        assert parent["start_ns"] <= fill["start_ns"] <= fill["end_ns"] <= parent["end_ns"]
+        assert fill["attributes"][semconv.ATTR_STAGE] == semconv.STAGE_WARMUP_FIRST_USE
+    assert {f["attributes"][semconv.ATTR_FIRST_USE_CACHE] for f in fills} >= {
+        "logits-processor plugins (entry-point scan)"}
+    # The same workload as the baseline, interleaved with it: no slower beyond noise.
+    again = _verdict(seq, "short-again")
+    assert (again["outcome"], again["stage"], again["recommendation"]) == (
+        "within-noise", "none", "none"), again
+    assert "not warm" not in again["evidence"].get("note", "")
     long = _verdict(seq, semconv.SCENARIO_LONG_PROMPT)
     assert (long["stage"], long["recommendation"]) == ("prefill", "tune-context"), long
     assert "only correlated" in long["evidence"]["note"]

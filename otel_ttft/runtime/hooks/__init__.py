@@ -1,0 +1,15 @@
+"""Hooks, one module per stage family; a family that outgrew a file is a package (``load``,
+``request``). Each hook is data (see ``registry.Hook``)."""
+
+from __future__ import annotations
+
+from otel_ttft.runtime.hooks.registry import Hook
+
+
+def all_hooks() -> list[Hook]:
+    """Every hook. Our own modules import no vLLM module (targets resolve when vLLM imports
+    them), so an ImportError here is a bug of ours and propagates."""
+    from otel_ttft.runtime.hooks import activation, fault, load, request, rpc, switch, warmup
+
+    return [*activation.HOOKS, *load.HOOKS, *warmup.HOOKS, *rpc.HOOKS, *switch.HOOKS,
+            *fault.HOOKS, *request.HOOKS]

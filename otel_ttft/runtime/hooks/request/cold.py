@@ -1,0 +1,27 @@
+"""Which activation a request may have paid for: the first ``cold_requests`` requests after an
+activation (start, wake-up, switch) in this process count as cold."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from otel_ttft.runtime import config
+from otel_ttft.runtime.hooks import activation
+
+_key: Any = None  # (kind, start_ns) of the activation being counted
+_count = 0
+
+
+def note_activation(rec: Any) -> None:
+    """Sets ``rec.activation``, ``rec.cold_index`` and ``rec.cold`` from the latest activation."""
+    global _key, _count
+    act = activation.last_activation()
+    if act is None:
+        return
+    key = (act.kind, act.start_ns)
+    if key != _key:
+        _key, _count = key, 0
+    _count += 1
+    rec.activation = act
+    rec.cold_index = _count
+    rec.cold = _count <= config.current.cold_requests

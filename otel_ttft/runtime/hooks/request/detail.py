@@ -1,0 +1,108 @@
+"""Which requests get a span, and which get their stage child spans: the request-detail policy.
+
+Every request is counted in the metrics (TTFT and time per stage). A span costs far more than a
+request's hooks and metric samples together (the SDK builds it, the exporter encodes every
+attribute, the export thread sends it): on a busy server that is most of our cost. So by default
+(``auto``) the ``llm_request`` span, with its stage children, is built for the requests someone
+will open: cold ones (the first requests after an activation, or one that waited for a compile or
+an adapter), slow ones (TTFT above ``OTEL_TTFT_REQUEST_DETAIL_SLOW_MS``), the model's tail (above
+its running p99 over its latest 256 requests), failed or aborted ones, and a sampled share of the
+rest (``OTEL_TTFT_REQUEST_DETAIL_RATIO``). A request the caller traces (a sampled
+``traceparent``, or a recording server span around it, e.g. a replay's) always gets its span,
+with the stage durations as attributes; its children only for one of the reasons above.
+
+``spans``: every request gets its span, children as in ``auto``. ``all``: every request, span and
+children. ``none``: no children; spans only for requests the caller traces. The configured sampler
+still has the last word on every span. Settings: ``config.current`` (``request_detail``,
+``detail_slow_s``, ``detail_ratio``), read when instrumenting.
+"""
+
+from __future__ import annotations
+
+from otel_ttft import semconv
+from otel_ttft.runtime import config, ids
+
+_TAIL_WINDOW = 256
+_TAIL_EVERY = 32  # the tail threshold is re-read from the window every this many requests
+_RATIO_BITS = 1 << 56
+
+
+class _Tail:
+    """The latest TTFTs of one model and the p99 of them, recomputed every few requests."""
+
+    __slots__ = ("values", "count", "threshold", "credit")
+
+    def __init__(self) -> None:
+        self.values: list[float] = []
+        self.count = 0
+        self.threshold: float | None = None
+        self.credit = 1.0  # tail requests still allowed: at most 1 % of all, bursts of 8
+
+    def above(self, ttft: float) -> bool:
+        """Whether ``ttft`` is in the tail of the requests before it; then remembers it. A load
+        spike puts every request above the old p99: the credit keeps that to 1 % of requests
+        (the slow threshold still catches every slow one)."""
+        self.credit = min(self.credit + 1 - semconv.REQUEST_DETAIL_TAIL_QUANTILE, 8.0)
+        above = self.threshold is not None and ttft > self.threshold and self.credit >= 1
+        if above:
+            self.credit -= 1
+        if len(self.values) < _TAIL_WINDOW:
+            self.values.append(ttft)
+        else:
+            self.values[self.count % _TAIL_WINDOW] = ttft
+        self.count += 1
+        if self.count % _TAIL_EVERY == 0:
+            ordered = sorted(self.values)
+            self.threshold = ordered[int(semconv.REQUEST_DETAIL_TAIL_QUANTILE * (len(ordered) - 1))]
+        return above
+
+
+_tails: dict[str | None, _Tail] = {}
+
+
+def reason(*, cold: bool, ttft: float | None, failed: bool, model: str | None) -> str | None:
+    """Why this request's children are built, or None (then maybe sampled: ``sampled``)."""
+    s = config.current
+    if s.request_detail == semconv.DETAIL_ALL:
+        return semconv.DETAIL_ALL
+    if s.request_detail == semconv.DETAIL_NONE:
+        return None  # (``spans`` and ``auto`` share the reasons below)
+    tail = _tails.get(model)
+    if tail is None:
+        if len(_tails) >= 1024:  # models come and go (LoRA names): keep the map bounded
+            _tails.clear()
+        tail = _tails[model] = _Tail()
+    in_tail = ttft is not None and tail.above(ttft)
+    if cold:
+        return semconv.DETAIL_COLD
+    if failed or ttft is None:
+        return semconv.DETAIL_ERROR
+    if ttft >= s.detail_slow_s:
+        return semconv.DETAIL_SLOW
+    if in_tail:
+        return semconv.DETAIL_TAIL
+    return None
+
+
+def sampled(trace_id: int | None) -> bool:
+    """The sampled share of the requests without a reason: by the caller's trace id when it
+    traces the request (the low 56 bits, random in W3C trace ids, so every party agrees), else a
+    private random draw."""
+    s = config.current
+    if s.request_detail not in (semconv.DETAIL_AUTO, semconv.DETAIL_SPANS) or not s.detail_ratio:
+        return False
+    if trace_id is None:
+        return ids.chance(s.detail_ratio)
+    return (trace_id % _RATIO_BITS) < s.detail_ratio * _RATIO_BITS
+
+
+def wants_span(detail: str | None, *, traced: bool) -> bool:
+    """Whether this request gets its ``llm_request`` span: it has a reason to be opened
+    (``detail``), its caller traces it, or the policy asks for every request's span."""
+    return (detail is not None or traced
+            or config.current.request_detail == semconv.DETAIL_SPANS)
+
+
+def reset() -> None:
+    """Forget every model's tail (tests)."""
+    _tails.clear()

@@ -1,0 +1,211 @@
+"""Per-request state in the API process: the record of one engine request, from
+``OutputProcessor.add_request`` until it is emitted. Times are ``time.monotonic()`` seconds
+(host-wide: EngineCore's compare)."""
+
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+from opentelemetry import context as otel_context
+
+from otel_ttft.runtime import config
+from otel_ttft.runtime.hooks.request import payload
+from otel_ttft.runtime.hooks.request.payload import EnginePayload
+from otel_ttft.runtime.hooks.request.timeline import PREEMPTED, SCHEDULED
+from otel_ttft.semconv import ENGINE_PAYLOAD_HEADER as PAYLOAD_HEADER
+
+
+@cache
+def _event_types() -> tuple[int, int, int]:
+    """vLLM's ``EngineCoreEventType`` values for QUEUED, SCHEDULED, PREEMPTED, looked up once."""
+    from vllm.v1.engine import EngineCoreEventType as T
+
+    return int(T.QUEUED), int(T.SCHEDULED), int(T.PREEMPTED)
+
+
+def telemetry_on() -> bool:
+    """Whether a tracer or meter provider exists yet: without one, tracking would be waste."""
+    global _telemetry
+    if not _telemetry:
+        _telemetry = config.tracing_ready() or config.metrics_ready()
+    return _telemetry
+
+
+_telemetry = False
+
+
+@dataclass(slots=True, eq=False)
+class FlushBox:
+    """When the first body chunk after our first output left for the client."""
+
+    armed: bool = False
+    """Set once the API process received the request's first output."""
+    first: float | None = None
+    """When the server finished writing that chunk."""
+
+
+@dataclass(slots=True, eq=False)
+class RequestRecord:
+    """One engine request, from ``OutputProcessor.add_request`` until its span is emitted."""
+
+    rid: str
+    """vLLM's internal request id."""
+    ext_id: str
+    """The external (client-facing) request id."""
+    arrival: float
+    """vLLM's arrival time (the request span's start)."""
+    context: otel_context.Context | None = None
+    """The context current when vLLM took the request (in ``generate``'s task: the HTTP server
+    span, if any), for the parent and the sampled share."""
+    queue: Any = None
+    """vLLM's ``RequestOutputCollector`` when a ``generate`` call consumes the outputs; ``None``
+    for offline ``LLMEngine`` requests."""
+    streaming: bool = False
+    """Outputs stream to the client (TTFT ends at the first chunk written, not at the last)."""
+    flush: FlushBox | None = None
+    """The HTTP response streaming this request, if any."""
+    texts: dict[int, str] | None = None
+    """Output text per choice of its ``generate`` call; only with content capture opted in."""
+    model: str | None = None
+    """Served model or LoRA adapter name."""
+    state: Any = None
+    """vLLM's ``RequestState`` (its token counts are read once, when the request ends)."""
+    params: Any = None
+    """vLLM's ``SamplingParams``."""
+    prompt_len: int | None = None
+    """Prompt tokens."""
+    prompt: str | None = None
+    """Prompt text; only with content capture opted in."""
+    lora: Any = None
+    """vLLM's ``LoRARequest``, if any."""
+    trace_headers: Any = None
+    """The request's ``trace_headers`` (parent of offline requests)."""
+    queued: float | None = None
+    """vLLM's QUEUED event time (EngineCore received it)."""
+    schedule: list[tuple[str, float]] = field(default_factory=list)
+    """(``SCHEDULED``|``PREEMPTED``, time) before the first token, from vLLM's events."""
+    first_tok: float | None = None
+    """EngineCore's timestamp of the step that produced the first token."""
+    second_tok: float | None = None
+    """The same for the second token (``first_decode``)."""
+    recv: float | None = None
+    """When the API process received the first output."""
+    out_tokens: int = 0
+    """Output tokens: those of its first outputs, then vLLM's count when it ends."""
+    cached: int | None = None
+    """Prompt tokens served from the prefix cache."""
+    engine: EnginePayload | None = None
+    """What EngineCore noted (queue depth, KV blocks, admission attempts, warm-up)."""
+    late_preemptions: list[float] = field(default_factory=list)
+    """Preemptions after the first token (span events, not segments)."""
+    finish: str | None = None
+    """The engine's finish reason."""
+    rejected: str | None = None
+    """vLLM's error when the engine rejected it on arrival (``EngineCoreOutput.error``)."""
+    aborted: bool = False
+    """Aborted before its final output reached the caller."""
+    error: str | None = None
+    """An engine failure that reached it."""
+    done: float | None = None
+    """When the OutputProcessor let it go."""
+    vllm: dict[str, Any] | None = None
+    """vLLM's own ``llm_request`` attributes, when its tracing is on."""
+    cold: bool = False
+    """It paid for an activation: among the first requests after one, or it waited for
+    warm-up work."""
+    cold_index: int = 0
+    """Its position among the requests since the latest activation (1 = first)."""
+    activation: Any = None
+    """The latest activation (``hooks.activation``) when it arrived."""
+
+    # -- what the first output says (once) -------------------------------------------------------
+    def on_first(self, eco: Any, ts: float, now: float) -> None:
+        self.recv = now
+        if self.flush is not None:  # the next body chunk of its response carries this output
+            self.flush.armed = True
+        error = getattr(eco, "error", None)  # vLLM >= 0.33: rejected on arrival, nothing ran
+        if error is not None:
+            self.rejected = f"{getattr(error, 'code', 'error')}: {getattr(error, 'message', '')}"
+        elif eco.new_token_ids or getattr(eco, "pooling_output", None) is not None:
+            self.first_tok = ts
+        self.out_tokens += len(eco.new_token_ids)
+        if eco.events:
+            self.on_events(eco.events)
+        headers = eco.trace_headers
+        if headers and PAYLOAD_HEADER in headers:
+            eco.trace_headers = ({k: v for k, v in headers.items() if k != PAYLOAD_HEADER}
+                                 if len(headers) > 1 else None)
+            self.engine = payload.decode(headers[PAYLOAD_HEADER])
+        stats = getattr(eco, "prefill_stats", None)
+        if stats is not None:
+            self.cached = stats.num_cached_tokens
+        if eco.finish_reason is not None:
+            self.finish = str(eco.finish_reason)
+
+    def on_output(self, eco: Any, ts: float) -> None:
+        """A later output that carries news: the second token, events or the finish."""
+        n = len(eco.new_token_ids)
+        self.out_tokens += n
+        if n and self.second_tok is None:
+            self.second_tok = ts
+            fresh.pop(self.rid, None)
+        if eco.events is not None:
+            self.on_events(eco.events)
+        if eco.finish_reason is not None:
+            self.finish = str(eco.finish_reason)
+
+    def on_events(self, events: Any) -> None:
+        queued, scheduled, preempted = _event_types()
+        for ev in events:
+            kind = int(ev.type)
+            if kind == queued:
+                if self.queued is None:
+                    self.queued = ev.timestamp
+            elif kind == scheduled:
+                self.schedule.append((SCHEDULED, ev.timestamp))
+            elif kind == preempted:
+                if self.first_tok is not None and ev.timestamp >= self.first_tok:
+                    self.late_preemptions.append(ev.timestamp)
+                else:
+                    self.schedule.append((PREEMPTED, ev.timestamp))
+
+
+live: dict[str, RequestRecord] = {}
+"""Internal request id -> record, until its outputs stop."""
+fresh: dict[str, RequestRecord] = {}
+"""The records of ``live`` still waiting for their first or second token: the only ones every
+output is looked up for."""
+
+
+def forget(rid: str) -> RequestRecord | None:
+    """The record leaves ``live`` (and ``fresh``)."""
+    fresh.pop(rid, None)
+    return live.pop(rid, None)
+
+
+def output_tokens(req_state: Any) -> int | None:
+    """Output tokens of vLLM's ``RequestState``, counted once at the end rather than per output:
+    vLLM's own stats when it keeps them, else its detokenizer's tokens."""
+    stats = getattr(req_state, "stats", None)
+    if stats is not None:
+        return stats.num_generation_tokens
+    detokenizer = getattr(req_state, "detokenizer", None)
+    return detokenizer.num_output_tokens() if detokenizer is not None else None
+
+settling: dict[str, RequestRecord] = {}
+"""Finished in the engine, its final output still on the way to its ``generate`` call: emitted
+once the caller took it (finished), or when the caller leaves first (aborted)."""
+CALLER_HEADERS: contextvars.ContextVar[Any] = contextvars.ContextVar("otel_ttft_caller",
+                                                                   default=None)
+"""The ``trace_headers`` of this task's latest ``AsyncLLM.add_request`` call, as the caller sent
+them (vLLM drops them when its own tracing is off; they name the caller's trace)."""
+TEXTS: contextvars.ContextVar[dict[int, str] | None] = contextvars.ContextVar(
+    "otel_ttft_texts", default=None)
+"""Content capture only: the texts of the ``generate`` call whose first step is running."""
+FLUSH: contextvars.ContextVar[FlushBox | None] = contextvars.ContextVar("otel_ttft_flush",
+                                                                       default=None)
+"""The streaming HTTP response this task writes, if any (read by ``add_request``, which runs in
+the response's task)."""

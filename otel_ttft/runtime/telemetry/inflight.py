@@ -1,0 +1,403 @@
+"""Activation spans still open in this process: what a hang or a crash would otherwise hide.
+
+Spans are exported when they end, so a start-up that hangs shows nothing and one that dies loses
+its open spans. This module keeps the open activation spans of the process and uses them to:
+
+- report ``ttft.activation.stage.in_progress`` (an observable gauge: the innermost open stage and
+  how long it has been open), so an alert can fire while the start-up still hangs;
+- export a snapshot copy of every open span (``ttft.span.unfinished=true``, same span id) once a
+  stage has been open for ``OTEL_TTFT_SNAPSHOT_AFTER_S``, so ``otel-ttft tree`` shows the
+  unfinished activation; the real span, exported later, replaces the copy in the store;
+- publish the open chain to a small file per pid, so a parent can end a child's spans when the
+  child is killed (SIGKILL leaves the child no chance);
+- end what is still open, with an error, when the process exits or gets a fatal signal, and
+  remember the stage the activation failed in (one file per trace: the first failure wins).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
+
+from otel_ttft import semconv
+from otel_ttft.runtime import clock, config, state_files
+from otel_ttft.runtime.context import process as this_process
+from otel_ttft.runtime.telemetry import bounded_export, sdk_internals, spans
+from otel_ttft.runtime.telemetry import metrics as telemetry_metrics
+
+logger = logging.getLogger("otel_ttft")
+
+# Spans that belong to an activation: vLLM's start-up spans and ours. Matched by name, one set
+# lookup per span start, so request-path spans cost nothing here.
+ACTIVATION_SPAN_NAMES = frozenset({
+    *semconv.VLLM_SPAN_STAGES, semconv.SPAN_ACTIVATION, semconv.SPAN_FRONTEND_SETUP,
+    semconv.SPAN_ENGINE_CONFIG, semconv.SPAN_ENGINE_CLIENT, semconv.SPAN_SHARD_READ,
+    semconv.SPAN_PROCESS_WEIGHTS, semconv.SPAN_DEVICE_INIT,
+    semconv.SPAN_PROFILE_RUN, semconv.SPAN_TORCH_COMPILE, semconv.SPAN_SLEEP,
+    semconv.SPAN_WAKE_UP, semconv.SPAN_ADAPTER_LOAD,
+})
+_ACTIVATION_FAMILIES = (semconv.STAGE_SWITCH, semconv.STAGE_LOAD, semconv.STAGE_WARMUP)
+
+
+def _stage_path(pid: int) -> Path:
+    return state_files.state_dir() / f"otel-ttft-open-{pid}.json"
+
+
+def _failure_path(trace_id: str) -> Path:
+    return state_files.state_dir() / f"otel-ttft-failed-{trace_id}.json"
+
+
+def span_stage(span: Any) -> str | None:
+    stage = (getattr(span, "attributes", None) or {}).get(semconv.ATTR_STAGE)
+    if isinstance(stage, str) and stage:
+        return stage
+    return semconv.VLLM_SPAN_STAGES.get(getattr(span, "name", ""))
+
+
+def _is_activation_stage(stage: str | None) -> bool:
+    return stage is not None and semconv.stage_family(stage) in _ACTIVATION_FAMILIES
+
+
+class LocalProcessor(SpanProcessor):
+    """A processor of ours that looks at spans and exports nothing (snapshots skip it)."""
+
+
+class InflightTracker(LocalProcessor):
+    """Keeps this process's open activation spans (SDK spans, by span id)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[int, Any] = {}
+        self._publish = True
+
+    # --- SpanProcessor ----------------------------------------------------------------------------
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        if span.name not in ACTIVATION_SPAN_NAMES or not span.is_recording():
+            return
+        with self._lock:
+            self._open[span.get_span_context().span_id] = span
+        self.publish()
+
+    def restaged(self, span: Any) -> None:
+        """A tracked span got its stage after it started: the published chain must say it."""
+        if span.name in ACTIVATION_SPAN_NAMES and span.end_time is None:
+            self.publish()
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if span.name not in ACTIVATION_SPAN_NAMES:
+            return
+        with self._lock:
+            found = self._open.pop(span.context.span_id, None)
+        if found is None:
+            return
+        if span.status.status_code is StatusCode.ERROR:
+            stage = span_stage(span)
+            if _is_activation_stage(stage):  # the innermost span ends first: it names the stage
+                record_failure(span.context, stage, span.name, str(span.status.description or ""))
+        self.publish()
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+    # --- queries ----------------------------------------------------------------------------------
+    def open_spans(self) -> list[Any]:
+        """Open activation spans, outermost (earliest start) first."""
+        with self._lock:
+            found = [s for s in self._open.values() if s.end_time is None]
+        return sorted(found, key=lambda s: s.start_time or 0)
+
+    def innermost(self) -> Any | None:
+        """The most recently opened span that names an activation stage."""
+        for span in reversed(self.open_spans()):
+            if _is_activation_stage(span_stage(span)):
+                return span
+        return None
+
+    # --- the open chain, for a parent that outlives us --------------------------------------------
+    def publish(self) -> None:
+        if not self._publish:
+            return
+        chain = [_describe(s) for s in self.open_spans()]
+        path = _stage_path(os.getpid())
+        try:
+            if not chain:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                return
+            state_files.write_atomic(path, {"process_kind": this_process.kind,
+                                            "model": this_process.served_model, "open": chain})
+        except OSError:
+            self._publish = False  # no writable state dir: stop trying
+
+
+def _describe(span: Any) -> dict:
+    ctx = span.get_span_context()
+    parent = span.parent
+    return {"name": span.name, "trace_id": f"{ctx.trace_id:032x}", "span_id": f"{ctx.span_id:016x}",
+            "parent_span_id": f"{parent.span_id:016x}" if parent else None,
+            "start_ns": span.start_time, "stage": span_stage(span),
+            "attributes": {k: v for k, v in (span.attributes or {}).items()
+                           if isinstance(v, (str, bool, int, float))}}
+
+
+# --- one tracker per process ---
+_tracker: InflightTracker | None = None
+_install_lock = threading.Lock()
+
+
+def tracker() -> InflightTracker | None:
+    return _tracker
+
+
+def install(provider: Any) -> None:
+    """Attach the tracker to the SDK provider, and start what watches it; once per process."""
+    global _tracker
+    with _install_lock:
+        if _tracker is not None or not hasattr(provider, "add_span_processor"):
+            return
+        _tracker = InflightTracker()
+        provider.add_span_processor(_tracker)
+        spans.set_staged_listener(_tracker.restaged)
+        # vLLM opened its process's outer span ("Worker init", "EngineCoreProc init") before
+        # plugins load: adopt it, so the open chain reaches the parent process's span.
+        current = trace.get_current_span()
+        if current.is_recording() and getattr(current, "name", None) in ACTIVATION_SPAN_NAMES:
+            _tracker.on_start(current)
+    _remove_stale_state()
+    _register_gauge()
+    _start_snapshots()
+    _install_fatal_signal_handlers()
+    bounded_export.before_flush(_end_open_at_exit)
+    atexit.register(_forget_published)
+
+
+def _end_open_at_exit() -> None:
+    end_open_spans("process exited before the activation finished", "process_exit")
+
+
+_STALE_S = 24 * 3600
+
+
+def _remove_stale_state() -> None:
+    """Files left by processes killed together with their parents (nobody read them)."""
+    cutoff = time.time() - _STALE_S
+    with contextlib.suppress(OSError):
+        for path in state_files.state_dir().glob("otel-ttft-*.json"):
+            if path.name.startswith(("otel-ttft-open-", "otel-ttft-failed-")):
+                with contextlib.suppress(OSError):
+                    if path.stat().st_mtime < cutoff:
+                        path.unlink()
+
+
+def _forget_published() -> None:
+    if _tracker is not None:
+        _tracker._publish = False
+    with contextlib.suppress(OSError):
+        _stage_path(os.getpid()).unlink()
+
+
+# --- the in-progress gauge ---
+def _observe(_options: Any = None) -> Iterable[metrics.Observation]:
+    span = _tracker.innermost() if _tracker is not None else None
+    if span is None:
+        return []
+    attrs = {semconv.ATTR_STAGE: span_stage(span)}
+    if this_process.served_model:
+        attrs[semconv.GEN_AI_REQUEST_MODEL] = this_process.served_model
+    if this_process.kind:
+        attrs[semconv.ATTR_PROCESS_KIND] = this_process.kind
+    return [metrics.Observation((clock.now_ns() - span.start_time) / 1e9, attrs)]
+
+
+def _register_gauge() -> None:
+    """On the meter provider in force (``config.meter_provider``)."""
+    telemetry_metrics.meter().create_observable_gauge(
+        semconv.METRIC_ACTIVATION_STAGE_IN_PROGRESS, callbacks=[_observe], unit="s",
+        description="Seconds this process has been in the activation stage it is in now "
+                    "(reported only while a start-up, wake-up or adapter load is running)")
+
+
+# --- snapshots on a deadline ---
+def _start_snapshots() -> None:
+    after = config.current.snapshot_after_s  # OTEL_TTFT_SNAPSHOT_AFTER_S
+    if after <= 0:
+        return
+    threading.Thread(target=_snapshot_loop, args=(after,), name="otel-ttft-snapshot",
+                     daemon=True).start()
+
+
+def _snapshot_loop(after: float) -> None:
+    tick = min(max(after / 2, 0.2), 5.0)
+    last = 0.0
+    while True:
+        time.sleep(tick)
+        try:
+            span = _tracker.innermost() if _tracker is not None else None
+            if span is None:
+                continue
+            now = time.monotonic()
+            held = (clock.now_ns() - span.start_time) / 1e9
+            if held >= after and now - last >= after:
+                last = now
+                if export_snapshot():
+                    spans.flush_async()
+        except Exception:  # noqa: BLE001 - a watcher must never take the process down
+            logger.debug("otel-ttft snapshot failed", exc_info=True)
+
+
+def _exporting_processors() -> list[Any]:
+    """The processors of the provider in force that send spans somewhere (not our taggers and
+    trackers)."""
+    procs = sdk_internals.span_processors(config.tracer_provider()) or ()
+    return [p for p in procs if not isinstance(p, LocalProcessor)]
+
+
+def _send(readable: ReadableSpan) -> None:
+    for proc in _exporting_processors():
+        with contextlib.suppress(Exception):
+            proc.on_end(readable)
+
+
+def export_snapshot() -> int:
+    """A finished copy of every open activation span, marked unfinished; returns how many.
+
+    Each copy is queued under the span's own lock after checking it is still open, so the real
+    span, if it ends meanwhile, is always queued after its copy (stores keep the last copy).
+    """
+    if _tracker is None:
+        return 0
+    now = clock.now_ns()
+    sent = 0
+    for span in _tracker.open_spans():
+        with sdk_internals.span_lock(span):
+            if span.end_time is not None:
+                continue
+            _send(ReadableSpan(
+                name=span.name, context=span.get_span_context(), parent=span.parent,
+                resource=span.resource,
+                attributes={**(span.attributes or {}), semconv.ATTR_SPAN_UNFINISHED: True},
+                events=span.events, links=span.links, kind=span.kind, status=span.status,
+                start_time=span.start_time, end_time=now,
+                instrumentation_scope=span.instrumentation_scope))
+            sent += 1
+    return sent
+
+
+# --- ending what is still open ---
+def end_open_spans(reason: str, ended_by: str) -> int:
+    """End every open activation span of this process with an error; innermost first."""
+    if _tracker is None:
+        return 0
+    open_spans = _tracker.open_spans()
+    inner = _tracker.innermost()
+    stage = span_stage(inner) if inner is not None else None
+    if inner is not None:
+        record_failure(inner.get_span_context(), stage, inner.name, reason)
+    for span in reversed(open_spans):
+        with contextlib.suppress(Exception):
+            span.set_attribute(semconv.ATTR_SPAN_ENDED_BY, ended_by)
+            if span.name == semconv.SPAN_ACTIVATION:
+                span.set_attribute(semconv.ATTR_ACTIVATION_READY, False)
+                if stage:
+                    span.set_attribute(semconv.ATTR_ACTIVATION_FAILED_STAGE, stage)
+            span.set_status(Status(StatusCode.ERROR, reason))
+            span.end(end_time=clock.now_ns())
+    return len(open_spans)
+
+
+def end_dead_child_spans(chain: list[dict], reason: str) -> int:
+    """A killed child's open spans (from its published chain), ended now with an error."""
+    now = clock.now_ns()
+    resource = getattr(config.tracer_provider(), "resource", None)
+    sent = 0
+    for item in reversed(chain):
+        try:
+            trace_id, span_id = int(item["trace_id"], 16), int(item["span_id"], 16)
+            parent_id = int(item["parent_span_id"], 16) if item.get("parent_span_id") else None
+            start = int(item["start_ns"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        flags = TraceFlags(TraceFlags.SAMPLED)
+        attrs = {**(item.get("attributes") or {}), semconv.ATTR_SPAN_ENDED_BY: "parent"}
+        if item.get("stage"):
+            attrs.setdefault(semconv.ATTR_STAGE, item["stage"])
+        kwargs = {"resource": resource} if resource is not None else {}
+        _send(ReadableSpan(
+            name=str(item.get("name") or "?"),
+            context=SpanContext(trace_id, span_id, is_remote=False, trace_flags=flags),
+            parent=SpanContext(trace_id, parent_id, is_remote=True, trace_flags=flags)
+            if parent_id else None,
+            attributes=attrs, status=Status(StatusCode.ERROR, reason),
+            start_time=start, end_time=max(now, start), **kwargs))
+        sent += 1
+    return sent
+
+
+def read_published(pid: int, *, remove: bool = False) -> dict | None:
+    """What a process (alive or dead) last published about its open activation spans."""
+    return state_files.read_json(_stage_path(pid), remove=remove)
+
+
+# --- the stage an activation failed in, shared by its processes ---
+def record_failure(context: SpanContext, stage: str | None, span_name: str, reason: str) -> None:
+    """First failure of a trace wins: the deepest error is seen first, in whichever process."""
+    if not stage or context is None or not context.is_valid:
+        return
+    record = {"stage": stage, "span": span_name, "pid": os.getpid(),
+              "process_kind": this_process.kind, "reason": reason[:500]}
+    try:
+        fd = os.open(_failure_path(f"{context.trace_id:032x}"),
+                     os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError:
+        return  # already recorded (or no state dir)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(record))
+
+
+def take_failure(trace_id: int) -> dict | None:
+    """The recorded failure of a trace, removed (the root reads it once, when it ends)."""
+    return state_files.read_json(_failure_path(f"{trace_id:032x}"), remove=True)
+
+
+# --- fatal signals with no handler ---
+_FATAL = ("SIGTERM", "SIGHUP")
+
+
+def _install_fatal_signal_handlers() -> None:
+    """Only where the default action (die silently) is in place: a handler that vLLM or anyone
+    else installed turns the signal into an exception, and the exit path ends our spans."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for name in _FATAL:
+        sig = getattr(signal, name, None)
+        if sig is None:
+            continue
+        with contextlib.suppress(ValueError, OSError):
+            if signal.getsignal(sig) is signal.SIG_DFL:
+                signal.signal(sig, _on_fatal_signal)
+
+
+def _on_fatal_signal(signum: int, frame: Any) -> None:
+    name = signal.Signals(signum).name
+    try:
+        end_open_spans(f"process received {name}", name)
+        bounded_export.bounded_exit()
+    finally:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)

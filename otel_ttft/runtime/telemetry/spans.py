@@ -1,0 +1,157 @@
+"""Span plumbing shared by every hook: the tracer, stage tagging of vLLM's own spans, and
+"enrich vLLM's span if it is open, else open ours" so that one stage is one span.
+
+Never sets a provider: it uses whatever ``opentelemetry-instrument`` or vLLM installed, and stays
+a no-op until one exists.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from otel_ttft import semconv
+from otel_ttft.runtime import clock, config
+from otel_ttft.runtime.context import process as this_process
+from otel_ttft.version import __version__
+
+logger = logging.getLogger("otel_ttft")
+
+_tracer = trace.get_tracer("otel_ttft", __version__)  # a proxy until a provider exists
+
+def tracer() -> trace.Tracer:
+    return _tracer
+
+
+def use_tracer_provider(provider: trace.TracerProvider | None) -> None:
+    """``instrument(tracer_provider=...)``: our spans go there; ``None``: the global provider."""
+    global _tracer
+    _tracer = trace.get_tracer("otel_ttft", __version__, tracer_provider=provider)
+
+
+_provider_setup: Callable[[], None] | None = None
+
+
+def set_provider_setup(setup: Callable[[], None]) -> None:
+    """What ``stage_span`` runs before each span: ``pipeline.attach`` (our processors on the
+    installed provider, once per provider), registered by the telemetry package."""
+    global _provider_setup
+    _provider_setup = setup
+
+
+def ensure_provider_setup() -> None:
+    if _provider_setup is not None:
+        _provider_setup()
+
+
+def _initial_environ() -> dict[str, str]:
+    """The environment this process was exec'd with.
+
+    vLLM's ``propagate_trace_to_env`` rewrites ``os.environ["traceparent"]`` around each of its
+    spans, so by the time a plugin loads, os.environ names a span of this very process.
+    """
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return dict(os.environ)
+    env = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode(errors="replace")] = value.decode(errors="replace")
+    return env
+
+
+def env_parent_context() -> otel_context.Context | None:
+    """The traceparent the parent process handed us at spawn (vLLM passes it in the env)."""
+    env = _initial_environ()
+    carrier = {k: v for k in ("traceparent", "tracestate")
+               if (v := env.get(k) or env.get(k.upper()))}
+    return TraceContextTextMapPropagator().extract(carrier) if carrier else None
+
+
+def flush_async() -> None:
+    """Export what this process has so far without blocking vLLM: a child can be killed at
+    shutdown before its batch processor's next tick, and its start-up spans would be lost.
+    The provider in force (``config.tracer_provider``) is flushed."""
+    flush = getattr(config.tracer_provider(), "force_flush", None)
+    if flush is not None:
+        import threading
+
+        threading.Thread(target=flush, name="otel-ttft-flush", daemon=True).start()
+
+
+_on_staged: Callable[[Span], None] | None = None
+
+
+def set_staged_listener(listener: Callable[[Span], None]) -> None:
+    """Told when a span gets its stage after it started (the in-flight tracker)."""
+    global _on_staged
+    _on_staged = listener
+
+
+def tag_span(span: Span, stage: str | None, attributes: Mapping[str, Any] | None) -> None:
+    if stage is not None:
+        span.set_attribute(semconv.ATTR_STAGE, stage)
+    if this_process.kind:
+        span.set_attribute(semconv.ATTR_PROCESS_KIND, this_process.kind)
+    if attributes:
+        span.set_attributes({k: v for k, v in attributes.items() if v is not None})
+    if stage is not None and _on_staged is not None:
+        _on_staged(span)
+
+
+@contextmanager
+def stage_span(name: str, stage: str | None, *, enrich: str | None = None,
+               attributes: Mapping[str, Any] | None = None,
+               context: otel_context.Context | None = None) -> Iterator[Span]:
+    """Yield the span that measures this stage.
+
+    If vLLM already has its span ``enrich`` open around us, that span is the stage: we add our
+    attributes to it. Otherwise we open ours, on the one clock, as the current span.
+    """
+    ensure_provider_setup()
+    current = trace.get_current_span()
+    if enrich is not None and current.is_recording() and getattr(current, "name", None) == enrich:
+        tag_span(current, stage, attributes)
+        yield current
+        return
+    # The stage goes in at start: span processors (the in-flight tracker) see it on_start.
+    span = _tracer.start_span(name, context=context, start_time=clock.now_ns(),
+                              attributes={semconv.ATTR_STAGE: stage} if stage else None)
+    tag_span(span, stage, attributes)
+    token = otel_context.attach(trace.set_span_in_context(span))
+    try:
+        yield span
+    except BaseException as exc:
+        span.record_exception(exc)
+        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        raise
+    finally:
+        otel_context.detach(token)
+        span.end(end_time=clock.now_ns())
+
+
+def emit_span(name: str, start_ns: int, end_ns: int, *, stage: str | None = None,
+              context: otel_context.Context | None = None,
+              attributes: Mapping[str, Any] | None = None,
+              kind: SpanKind = SpanKind.INTERNAL) -> Span:
+    """A finished span from timestamps already taken (one clock, epoch ns)."""
+    span = _tracer.start_span(name, context=context, start_time=start_ns, kind=kind)
+    tag_span(span, stage, attributes)
+    span.end(end_time=max(end_ns, start_ns))
+    return span
+
+
+def span_start_ns(span: Span) -> int | None:
+    """Start time of an SDK span, or None for non-recording ones."""
+    return getattr(span, "start_time", None)

@@ -1,0 +1,382 @@
+"""The rules behind ``change``: per recommendation, the candidates the evidence calls for and
+the values computed from it (see ``change``'s docstring for what a candidate holds)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from otel_ttft import semconv
+from otel_ttft.tools.analysis import knobs
+from otel_ttft.tools.analysis.verdict import (
+    KEEP_RESIDENT,
+    MATERIAL_SHARE,
+    PERSIST_ARTIFACTS,
+    TUNE_ADMISSION,
+    TUNE_CONTEXT,
+)
+
+FIT_SHARE = 0.9  # both models fit when their weights and KV take at most this much of the device
+HOST_SHARE = 0.8  # sleep level 1 when the sleeping weights take at most this much of host RAM
+GPU_HEADROOM = 1.25  # per server on a GPU: weights + KV, times this, as its memory fraction
+
+SIDE_SERVER, SIDE_DRIVER, SIDE_CLIENT = "server", "driver", "client"
+FILL_CACHE = "fill-cache"
+
+
+def _median(values: Iterable[float]) -> float:
+    values = list(values)
+    return statistics.median(values) if values else 0.0
+
+
+class Evidence:
+    """What one verdict's change is computed from."""
+
+    def __init__(self, verdict: dict, rows: list[dict], base_rows: list[dict], run: dict,
+                 activations: Sequence[Any], vocab: knobs.Vocabulary | None):
+        self.verdict = verdict
+        self.rows, self.base_rows = rows, base_rows
+        self.run = run or {}
+        self.setup = self.run.get("setup") or {}
+        self.vocab = vocab
+        models = [r["model"] for r in rows if r.get("model")]
+        self.model = max(set(models), key=models.count) if models else None
+        self.targets = {t.get("name"): t for t in self.setup.get("targets") or []
+                        if isinstance(t, dict) and t.get("name")}
+        self.target_name = self._target_of(self.model)
+        self.facts = {name: self._facts(activations, name) for name in
+                      {*self.targets, self.model} if name}
+        template = (self.targets.get(self.target_name) or {}).get("template")
+        self.server = None
+        if template and vocab is not None:
+            try:
+                self.server = knobs.TemplateArgs(template, vocab)
+            except ValueError:
+                self.server = None
+
+    def _target_of(self, model: str | None) -> str | None:
+        if model in self.targets:
+            return model
+        adapters = self.setup.get("adapters") or {}
+        if model in adapters and self.targets:
+            return next(iter(self.targets))  # adapters are served by model A's server
+        return model
+
+    @staticmethod
+    def _facts(activations: Sequence[Any], model: str) -> dict:
+        out: dict[str, Any] = {}
+        for act in activations:
+            if act.model != model:
+                continue
+            for key, value in act.facts.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    out[key] = max(out.get(key, value), value)
+                else:
+                    out.setdefault(key, value)
+            out["bytes_read"] = max(out.get("bytes_read", 0), act.bytes_read or 0)
+        return out
+
+    @property
+    def own(self) -> dict:
+        return self.facts.get(self.target_name) or self.facts.get(self.model) or {}
+
+    @property
+    def substage(self) -> str:
+        return self.verdict.get("substage") or self.verdict.get("stage") or ""
+
+    def p50(self, key: str, rows: list[dict] | None = None) -> float:
+        rows = self.rows if rows is None else rows
+        return _median((r.get("substages") or {}).get(key, (r.get("stages") or {}).get(key, 0.0))
+                       for r in rows)
+
+    @property
+    def concurrency(self) -> int:
+        c = self.run.get("concurrency")
+        if isinstance(c, int) and c > 0:
+            return c
+        waiting = [r.get("waiting_at_arrival") for r in self.rows
+                   if isinstance(r.get("waiting_at_arrival"), int)]
+        return max(waiting, default=0) + 1
+
+    @property
+    def max_tokens(self) -> int:
+        sampling = self.run.get("sampling")
+        if isinstance(sampling, dict) and isinstance(sampling.get("max_tokens"), int):
+            return sampling["max_tokens"]
+        return int(self.setup.get("max_tokens") or 16)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return int(_median(r["prompt_tokens"] for r in self.rows if r.get("prompt_tokens")))
+
+    def template_value(self, dest: str) -> Any:
+        return self.server.get(dest) if self.server is not None else None
+
+
+class Builder:
+    """Collects one verdict's candidates, checking every name against the vocabulary."""
+
+    def __init__(self, ev: Evidence):
+        self.ev = ev
+        self.candidates: list[dict] = []
+
+    def add(self, cid: str, reason: str, *, side: str = SIDE_SERVER, args: Sequence[str] = (),
+            env: dict[str, str] | None = None, durable: Sequence[str] = (),
+            driver: str | None = None, models: Sequence[str] | None = None,
+            prepare: str | None = None, gpu_only: bool = False,
+            sleep_level: int | None = None, stage: str | None = None) -> dict:
+        vocab = self.ev.vocab
+        missing = []
+        if vocab is not None:
+            missing += [a.partition("=")[0] for a in args
+                        if a.startswith("--") and not vocab.has_flag(a.partition("=")[0])]
+            missing += [n for n in env or {} if not vocab.has_env(n)]
+        replaces = {}
+        server = self.ev.server
+        if server is not None and vocab is not None:
+            for a in args:
+                dest = vocab.dest(a.partition("=")[0]) if a.startswith("--") else None
+                if dest and server.sets(dest):  # the template's own words for the setting
+                    start, end = server.spans[dest][-1]
+                    replaces[a.partition("=")[0]] = " ".join(server.tokens[start:end])
+        if models is None:
+            models = [self.ev.target_name] if self.ev.target_name else []
+        candidate = {
+            "id": cid, "recommendation": self.ev.verdict.get("recommendation"), "side": side,
+            "models": list(models), "args": list(args), "env": dict(env or {}),
+            "durable": list(durable), "driver": driver, "sleep_level": sleep_level,
+            "prepare": prepare, "gpu_only": gpu_only, "missing": missing,
+            "replaces": replaces, "reason": reason,
+            # the (sub-)stage it is meant to shrink, what verify judges it by
+            "stage": stage or self.ev.verdict.get("substage") or self.ev.verdict.get("stage"),
+        }
+        self.candidates.append(candidate)
+        return candidate
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.1f} MiB"
+
+
+# --- the rules, one per recommendation ----------------------------------------------------------
+def _persist(b: Builder) -> None:
+    ev = b.ev
+    sub = ev.substage
+    if sub == semconv.STAGE_WARMUP_GRAPH_CAPTURE:
+        sizes = sorted({1, *[2 ** i for i in range(1, 16) if 2 ** i <= ev.concurrency],
+                        ev.concurrency})
+        seen = ev.own.get("graph_batch_sizes") or []
+        b.add("capture-sizes",
+              f"graph capture took {ev.p50(sub):.1f} s for {len(seen) or 'its'} batch sizes; "
+              f"the replay ran at most {ev.concurrency} requests at once, so capture only "
+              f"{', '.join(map(str, sizes))}",
+              args=["--cudagraph-capture-sizes", *map(str, sizes)], gpu_only=True,
+              stage=semconv.STAGE_WARMUP_GRAPH_CAPTURE)
+    if sub in (semconv.STAGE_WARMUP_COMPILE, semconv.STAGE_WARMUP_GRAPH_CAPTURE):
+        _compile_cache(b)
+    if sub == semconv.STAGE_WARMUP_PROFILE:
+        kv = ev.own.get("kv_bytes") or ev.own.get("available_kv_bytes")
+        if kv:
+            b.add("explicit-kv-size",
+                  f"the profile run took {ev.p50(sub):.1f} s to size a KV cache that came out "
+                  f"{_gib(kv)}: state that size ({kv} bytes) and the profiling run has less "
+                  f"to find", args=["--kv-cache-memory-bytes", str(int(kv))])
+
+
+def _compile_cache(b: Builder) -> None:
+    ev = b.ev
+    vocab = ev.vocab
+    root = (vocab.env_defaults.get("VLLM_CACHE_ROOT") if vocab else None) or "~/.cache/vllm"
+    env = {"VLLM_CACHE_ROOT": root}
+    if vocab is None or "TORCHINDUCTOR_CACHE_DIR" in vocab.torch_env:
+        env["TORCHINDUCTOR_CACHE_DIR"] = f"{root}/inductor"
+    hit = ev.verdict.get("evidence", {}).get("compile_cache_hit")
+    where = ev.own.get("compile_cache_dir")
+    b.add("compile-cache",
+          f"torch.compile took {ev.p50(semconv.STAGE_WARMUP_COMPILE):.1f} s and "
+          f"{'missed' if hit is False else 'did not hit'} the cache"
+          + (f" ({where}: this start's own)" if where else "")
+          + "; a durable cache kept across starts and switches lets the next start load what "
+            "an earlier one compiled (one start fills it)",
+          env=env, durable=list(env), prepare=FILL_CACHE, stage=semconv.STAGE_WARMUP_COMPILE)
+
+
+def _keep_resident(b: Builder) -> None:
+    ev = b.ev
+    sub = ev.substage
+    if sub == semconv.STAGE_WARMUP_ADAPTER:
+        _lora_slots(b)
+        return
+    driver = ev.run.get("driver") or ev.setup.get("driver")
+    fits, fit_reason, util = _fits(ev)
+    names = list(ev.targets) or ([ev.model] if ev.model else [])
+    gpu = ev.own.get("device_type") == "cuda"
+    util_args = ["--gpu-memory-utilization", f"{util:.2f}"] if gpu and util else []
+    resident = sleep = None
+    if driver not in ("resident",) and fits is not False:
+        resident = b.add("resident", f"{fit_reason}: keep every model's server up and route by "
+                         "model name, so no request waits for a switch or a start",
+                         side=SIDE_DRIVER, driver="resident", models=names, args=util_args)
+    if driver not in ("sleep", "resident"):
+        level, level_reason = _sleep_level(ev)
+        sleep = b.add("sleep", f"{'both do not fit' if fits is False else 'a lighter switch'}: "
+                      f"sleep the outgoing model instead of stopping it ({level_reason})",
+                      side=SIDE_DRIVER, driver="sleep", models=names,
+                      args=["--enable-sleep-mode", *util_args],
+                      env={"VLLM_SERVER_DEV_MODE": "1"}, gpu_only=True, sleep_level=level)
+    if fits is False and sleep is not None:  # the one that can work first
+        b.candidates.sort(key=lambda c: c is not sleep)
+    if resident is None and sleep is None:
+        b.add("route-by-memory", f"driver {driver} already keeps the servers up; the switch "
+              "happens elsewhere (the router or the host): route by which model is in memory",
+              side=SIDE_DRIVER, models=[])
+    if sub == semconv.STAGE_LOAD_READ:
+        _loader(b)
+    if _compile_also_grew(ev):  # the next candidate: the restart stays, its compile goes
+        _compile_cache(b)
+
+
+def _compile_also_grew(ev: Evidence) -> bool:
+    """A start-up whose compile missed the cache and took a material share of the increase."""
+    if ev.verdict.get("evidence", {}).get("compile_cache_hit") is True:
+        return False
+    key = semconv.STAGE_WARMUP_COMPILE
+    increase = _median(r["client_ttft_s"] for r in ev.rows) - _median(
+        r["client_ttft_s"] for r in ev.base_rows)
+    grew = ev.p50(key) - ev.p50(key, ev.base_rows)
+    return increase > 0 and grew >= MATERIAL_SHARE * increase
+
+
+def _fits(ev: Evidence) -> tuple[bool | None, str, float | None]:
+    """Both (all) models' measured weights + KV against the device memory."""
+    need = {}
+    for name in ev.targets or {ev.model: None}:
+        f = ev.facts.get(name) or {}
+        weights = f.get("model_bytes") or f.get("bytes_read")
+        if weights and f.get("kv_bytes"):
+            need[name] = weights + f["kv_bytes"]
+    device = max((f.get("device_memory_bytes") or 0 for f in ev.facts.values()), default=0)
+    if not device or len(need) < max(len(ev.targets), 1):
+        return None, "memory not measured for every model (weights, KV, device)", None
+    total = sum(need.values())
+    fits = total <= FIT_SHARE * device
+    parts = " + ".join(f"{n} {_gib(v)}" for n, v in need.items())
+    reason = (f"weights + KV {parts} = {_gib(total)} {'fit in' if fits else 'exceed'} "
+              f"{FIT_SHARE:.0%} of the device's {_gib(device)}")
+    util = max(need.values()) * GPU_HEADROOM / device
+    return fits, reason, math.ceil(min(util, FIT_SHARE / max(len(need), 1)) * 100) / 100
+
+
+def _sleep_level(ev: Evidence) -> tuple[int, str]:
+    weights = sum((f.get("model_bytes") or f.get("bytes_read") or 0)
+                  for name, f in ev.facts.items() if name != ev.target_name)
+    host = max((f.get("host_memory_bytes") or 0 for f in ev.facts.values()), default=0)
+    if host and weights and weights <= HOST_SHARE * host:
+        return 1, (f"level 1 offloads the sleeping weights ({_gib(weights)}) to host RAM "
+                   f"({_gib(host)})")
+    if host and weights:
+        return 2, f"level 2: the sleeping weights ({_gib(weights)}) do not fit host RAM"
+    return 1, "level 1: host memory not measured"
+
+
+def _lora_slots(b: Builder) -> None:
+    ev = b.ev
+    adapters = len(ev.setup.get("adapters") or {}) or len(
+        {r["model"] for r in ev.rows if r.get("model")})
+    current = ev.template_value("max_loras")
+    slots = max(adapters, 2)
+    b.add("lora-slots", f"an adapter load took {ev.p50(semconv.STAGE_WARMUP_ADAPTER):.2f} s "
+          f"inside the request; {adapters} adapters share "
+          f"{current or 'the default number of'} slots: one slot per adapter keeps them loaded",
+          args=["--max-loras", str(slots), "--max-cpu-loras", str(slots)])
+
+
+def _loader(b: Builder) -> None:
+    ev, vocab = b.ev, b.ev.vocab
+    ratio = ev.verdict.get("evidence", {}).get("page_cache_resident_ratio_p50")
+    cold = f" (page cache {ratio:.0%} resident before the read)" if ratio is not None else ""
+    strategy = vocab.choices("--safetensors-load-strategy") if vocab else ()
+    if "prefetch" in strategy and ev.template_value("safetensors_load_strategy") != "prefetch":
+        b.add("prefetch", f"checkpoint reads took {ev.p50(semconv.STAGE_LOAD_READ):.1f} s"
+              f"{cold}: prefetch the shards ahead of the reader",
+              args=["--safetensors-load-strategy", "prefetch"], stage=semconv.STAGE_LOAD_READ)
+    formats = vocab.load_formats if vocab else ()
+    for fmt, package in (("runai_streamer", "runai_model_streamer"),
+                         ("fastsafetensors", "fastsafetensors")):
+        if fmt in formats:
+            installed = vocab.loader_packages.get(package) if vocab else None
+            c = b.add(f"loader-{fmt}", f"stream the checkpoint ({fmt} loader)"
+                      + ("" if installed else f"; needs the {package} package installed"),
+                      args=["--load-format", fmt], stage=semconv.STAGE_LOAD_READ)
+            if not installed:
+                c["missing"].append(package)
+
+
+def _tune_admission(b: Builder) -> None:
+    ev = b.ev
+    f = ev.own
+    c = ev.concurrency
+    seqs = ev.template_value("max_num_seqs")
+    seqs = int(seqs) if isinstance(seqs, (str, int)) and str(seqs).isdigit() else None
+    blocks, block_size, kv_bytes = f.get("kv_blocks"), f.get("kv_block_size"), f.get("kv_bytes")
+    tokens = ev.prompt_tokens + ev.max_tokens
+    if ev.substage == semconv.STAGE_WARMUP_KV_ALLOC:
+        if blocks and block_size and kv_bytes:
+            need = c * math.ceil(tokens / block_size)
+            size = int(need * kv_bytes / blocks)
+            b.add("kv-budget", f"allocating {blocks} KV blocks ({_gib(kv_bytes)}) took "
+                  f"{ev.p50(ev.substage):.2f} s; {c} requests of {tokens} tokens need {need}",
+                  args=["--kv-cache-memory-bytes", str(size)])
+        return
+    slots_short = seqs is not None and c > seqs
+    if slots_short:
+        b.add("max-num-seqs", f"{c} requests arrived at once but the server admits "
+              f"{seqs} sequences at a time (--max-num-seqs)",
+              args=["--max-num-seqs", str(c)])
+    if blocks and block_size:
+        per = math.ceil(tokens / block_size)
+        need = c * per
+        if need > blocks:
+            reason = (f"{c} concurrent requests of {tokens} tokens (prompt p50 + max_tokens) "
+                      f"need {c} x {per} = {need} KV blocks of {block_size} tokens; the server "
+                      f"had {blocks}")
+            if ev.server is not None and ev.server.sets("num_gpu_blocks_override"):
+                b.add("kv-budget", reason, args=["--num-gpu-blocks-override", str(need)])
+            elif kv_bytes:
+                b.add("kv-budget", reason,
+                      args=["--kv-cache-memory-bytes", str(math.ceil(need * kv_bytes / blocks))])
+    if not b.candidates and seqs is None and c > 1:
+        b.add("max-num-seqs", f"{c} requests arrived at once; admit them together",
+              args=["--max-num-seqs", str(c)])
+
+
+def _tune_context(b: Builder) -> None:
+    ev = b.ev
+    tokens, base = ev.prompt_tokens, int(_median(
+        r["prompt_tokens"] for r in ev.base_rows if r.get("prompt_tokens")))
+    prompts = [r.get("prompt") for r in ev.rows]
+    repeated = len(prompts) > len(set(prompts))
+    caching = ev.template_value("enable_prefix_caching")
+    if repeated and caching is False:
+        b.add("prefix-caching", f"the same {tokens}-token prompt was sent {len(prompts)} times "
+              "with prefix caching off: its repeats can reuse the cached prefix",
+              args=["--enable-prefix-caching"])
+    chunk = ev.template_value("max_num_batched_tokens")
+    chunk = int(chunk) if isinstance(chunk, str) and chunk.isdigit() else None
+    limit = int(ev.setup.get("max_model_len") or 0) or None
+    if chunk and tokens > chunk:
+        size = min(math.ceil(tokens / 256) * 256, limit or tokens)
+        if size > chunk:
+            b.add("chunked-prefill", f"a {tokens}-token prompt is prefilled in "
+                  f"{math.ceil(tokens / chunk)} chunks of {chunk} tokens "
+                  "(--max-num-batched-tokens): a larger chunk takes it in fewer steps",
+                  args=["--max-num-batched-tokens", str(size)])
+    b.add("shorter-context", f"prompts of {tokens} tokens against {base} in the baseline: "
+          "shorter history or retrieval on the client side (named, not tried)", side=SIDE_CLIENT,
+          models=[])
+
+
+RULES = {PERSIST_ARTIFACTS: _persist, KEEP_RESIDENT: _keep_resident,
+         TUNE_ADMISSION: _tune_admission, TUNE_CONTEXT: _tune_context}

@@ -1,0 +1,113 @@
+"""Activations: every start, wake-up or adapter load, with its stages."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import dashboard as db
+
+from otel_ttft import semconv
+from otel_ttft.tools.dashboards.common import (
+    SEL,
+    new_dashboard,
+    prom,
+    timeseries_panel,
+    traceql_table,
+)
+
+LAST = "ttft_activation_stage_last_duration_seconds"
+READ = "ttft_load_read_throughput_gigabytes_per_second"
+# Leaf stages: they do not contain one another, so stacking them does not count time twice.
+LEAF_STAGES = "|".join((
+    semconv.STAGE_SWITCH_SLEEP, semconv.STAGE_LOAD_INIT, semconv.STAGE_LOAD_READ,
+    semconv.STAGE_LOAD_PROCESS, semconv.STAGE_LOAD_H2D, semconv.STAGE_WARMUP_PROCESS_START,
+    semconv.STAGE_WARMUP_FRONTEND, semconv.STAGE_WARMUP_DEVICE_INIT, semconv.STAGE_WARMUP_PROFILE,
+    semconv.STAGE_WARMUP_GRAPH_CAPTURE, semconv.STAGE_WARMUP_KV_ALLOC,
+)).replace(".", "\\\\.")
+
+
+def build() -> db.Dashboard:
+    return (
+        new_dashboard("activations", "otel-ttft / Activations",
+                      "Engine activations (start, wake-up, adapter load): the stages of the latest "
+                      "one per model, checkpoint reads, compile cache, graph capture, and the "
+                      "activation traces in Tempo.")
+        .with_row(db.Row("Stages of each activation"))
+        .with_panel(timeseries_panel(
+            "Activation stages per model (stacked, latest activation of each process)",
+            "ttft.activation.stage.last_duration: the longest span of each leaf stage in the "
+            "latest activation of each process, stacked per model. A new activation shows as a "
+            "step; the warm-up regression alert compares it with the 7-day median. Stages of "
+            "different processes overlap in time, so the stack can exceed the wall time.",
+            "s",
+            prom(f"max by (gen_ai_request_model, ttft_stage) "
+                 f"({LAST}{{ttft_stage=~\"{LEAF_STAGES}\", {SEL}}})",
+                 "{{gen_ai_request_model}} {{ttft_stage}}"),
+            stacked=True, bars=True, width=16, height=10))
+        .with_panel(timeseries_panel(
+            "Stage vs. its 7-day median (alert input)",
+            "Latest value of each stage over the median the warm-up alert compares it with "
+            "(1 = usual; the alert fires above 2 and 10 s more, see collector-config/rules).",
+            "suffix:×",
+            prom(f"max by (gen_ai_request_model, ttft_stage) ({LAST}{{{SEL}}}) / on "
+                 f"(gen_ai_request_model, ttft_stage) quantile_over_time(0.5, "
+                 f"(max by (gen_ai_request_model, ttft_stage) ({LAST}{{{SEL}}}))[7d:5m] "
+                 f"offset 1h)", "{{gen_ai_request_model}} {{ttft_stage}}"),
+            width=8, height=10))
+        .with_row(db.Row("Load"))
+        .with_panel(timeseries_panel(
+            "Checkpoint read GB/s per process",
+            "Mean per-shard read throughput of each process's activation "
+            "(ttft.load.read.throughput sum / count). A collapse against the usual level "
+            "(storage, cold page cache, network file system) is alerted.",
+            "GBs",
+            prom(f"sum by (gen_ai_request_model, instance) ({READ}_sum{{{SEL}}}) / "
+                 f"sum by (gen_ai_request_model, instance) ({READ}_count{{{SEL}}})",
+                 "{{gen_ai_request_model}} {{instance}}"),
+            width=8))
+        .with_panel(timeseries_panel(
+            "Checkpoint bytes read per process",
+            "ttft.load.read.bytes: checkpoint bytes read by each process's latest load.", "bytes",
+            prom(f"max by (gen_ai_request_model, instance) "
+                 f"(ttft_load_read_bytes_total{{{SEL}}})", "{{gen_ai_request_model}} {{instance}}"),
+            width=8))
+        .with_panel(traceql_table(
+            "Shard reads: page-cache residency and GB/s",
+            "Each checkpoint shard read (Read checkpoint shard, stage load.read) with the share of "
+            "the file already in the page cache before the read (0 = cold read from storage) and "
+            "its throughput.",
+            f'{{ name = "{semconv.SPAN_SHARD_READ}" }} | '
+            f'select(span.{semconv.ATTR_PAGE_CACHE_RESIDENT}, span.{semconv.ATTR_READ_GB_PER_S})',
+            width=8, height=8))
+        .with_row(db.Row("Warm-up"))
+        .with_panel(timeseries_panel(
+            "Compile cache hit ratio per model",
+            "Share of torch.compile spans of the latest activation that loaded their artifacts "
+            "from the cache (ttft.activation.compile.cache_hit_ratio). 0 where hits were the norm "
+            "is alerted.",
+            "percentunit",
+            prom(f"min by (gen_ai_request_model) "
+                 f"(ttft_activation_compile_cache_hit_ratio{{{SEL}}})", "{{gen_ai_request_model}}"),
+            width=8))
+        .with_panel(timeseries_panel(
+            "Compile and graph capture time",
+            "warmup.compile (torch.compile) and warmup.graph_capture (CUDA graphs; GPU only) in "
+            "the latest activation.", "s",
+            prom(f"max by (gen_ai_request_model, ttft_stage) ({LAST}{{ttft_stage=~\""
+                 f"{semconv.STAGE_WARMUP_COMPILE}|{semconv.STAGE_WARMUP_GRAPH_CAPTURE}\"".replace(
+                     ".", "\\\\.") + f", {SEL}}})", "{{gen_ai_request_model}} {{ttft_stage}}"),
+            width=8))
+        .with_panel(traceql_table(
+            "KV cache allocations",
+            "Allocate KV cache spans (stage warmup.kv_alloc): KV bytes, blocks and token capacity "
+            "of each activation.",
+            f'{{ name = "{semconv.SPAN_KV_ALLOC}" }} | select(span.{semconv.ATTR_KV_BYTES}, '
+            f'span.{semconv.ATTR_KV_BLOCKS}, span.{semconv.ATTR_KV_TOKEN_CAPACITY})',
+            width=8, height=8))
+        .with_row(db.Row("Activation traces (Tempo)"))
+        .with_panel(traceql_table(
+            "Recent activations",
+            "One row per vllm.activation trace (kind: start, wake, adapter); click the trace id "
+            "for the waterfall across the API server, EngineCore and worker processes.",
+            f'{{ name = "{semconv.SPAN_ACTIVATION}" }} | '
+            f'select(span.{semconv.ATTR_ACTIVATION_KIND})',
+            limit=50))
+    )

@@ -1,0 +1,182 @@
+"""``otel-ttft doctor``: which hooks are live against the installed vLLM, whether the installed
+OpenTelemetry SDK has the internals we use, and where spans go.
+
+Exit 0 when at least one hook can instrument vLLM, 1 when nothing can (no vLLM, an unsupported
+version with every target moved), so a deploy script can gate on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+from importlib.metadata import PackageNotFoundError, entry_points, requires, version
+from typing import Any
+from urllib.parse import urlparse
+
+from packaging.requirements import Requirement
+from packaging.version import InvalidVersion, Version
+
+from otel_ttft.runtime.hooks import all_hooks
+from otel_ttft.runtime.hooks.registry import resolve
+from otel_ttft.runtime.telemetry import sdk_internals
+from otel_ttft.runtime.vllm_version import SUPPORTED, installed_vllm, is_supported
+from otel_ttft.tools import host
+
+_ENTRY_POINT_GROUPS = ("opentelemetry_instrumentor", "vllm.general_plugins",
+                       "opentelemetry_distro", "opentelemetry_configurator")
+
+
+_NEEDS = {"capture_content": "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true"}
+
+
+def _vllm_module_version() -> str | None:
+    try:
+        import vllm
+
+        return str(getattr(vllm, "__version__", "unknown"))
+    except Exception:  # noqa: BLE001 - a broken install is something doctor reports
+        return None
+
+
+def _endpoint() -> tuple[str | None, str]:
+    for var in ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"):
+        if os.environ.get(var):
+            return os.environ[var], var
+    return None, "default (localhost:4317 grpc / :4318 http)"
+
+
+def _reachable(url: str | None, timeout_s: float = 1.0) -> bool | None:
+    if url is None:
+        return None
+    try:
+        parsed = urlparse(url if "://" in url else f"http://{url}")
+        port = parsed.port or (443 if parsed.scheme == "https" else 4317)
+    except ValueError:  # a port out of range or not a number: not reachable, and not a crash
+        return False
+    if not parsed.hostname:
+        return None
+    try:
+        with socket.create_connection((parsed.hostname, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _opentelemetry() -> dict[str, Any]:
+    """The installed SDK against the range our distribution declares, and the SDK internals
+    it lacks (``sdk_internals.check``: what would fall back to the SDK's own behaviour)."""
+    try:
+        installed: str | None = version("opentelemetry-sdk")
+        declared = [Requirement(r) for r in requires("otel-ttft") or ()]
+    except PackageNotFoundError:
+        installed, declared = None, []
+    spec = next((r.specifier for r in declared if r.name == "opentelemetry-sdk"), None)
+    try:
+        supported = bool(installed and spec is not None and Version(installed) in spec)
+    except InvalidVersion:
+        supported = False
+    return {"sdk_version": installed, "supported_range": str(spec) if spec else None,
+            "supported": supported, "missing_internals": sdk_internals.check()}
+
+
+def collect() -> dict[str, Any]:
+    """Everything doctor knows, as data (the text report and --json both come from it)."""
+    dist = installed_vllm()
+    module_version = _vllm_module_version()
+    hooks = []
+    for hook in all_hooks():
+        ok, detail = resolve(hook) if module_version is not None else (False, "vllm not importable")
+        hooks.append({"name": hook.name, "target": hook.target, "process": hook.process,
+                      "stage": hook.stage, "resolved": ok, "optional": hook.optional,
+                      "needs": hook.needs, "detail": detail})
+    from otel_ttft.runtime.hooks.load.formats import loader_report
+
+    loaders = loader_report({h["name"]: h["resolved"] for h in hooks})
+    ours = {group: [ep.name for ep in entry_points(group=group) if ep.value.startswith("otel_ttft")]
+            for group in _ENTRY_POINT_GROUPS}
+    endpoint, source = _endpoint()
+    isa = host.cpu_isa()
+    return {
+        "host": {"cpu_isa": isa, "known_crashes": host.known_crashes(isa)},
+        "vllm": {"distribution": dist[0] if dist else None, "version": dist[1] if dist else None,
+                 "module_version": module_version, "supported_range": SUPPORTED,
+                 "supported": bool(dist and is_supported(dist[1]))},
+        "opentelemetry": _opentelemetry(),
+        "hooks": hooks,
+        "loaders": loaders,
+        "entry_points": ours,
+        "export": {"traces_exporter": os.environ.get("OTEL_TRACES_EXPORTER", "otlp (our distro)"),
+                   "metrics_exporter": os.environ.get("OTEL_METRICS_EXPORTER", "otlp (our distro)"),
+                   "protocol": os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+                   "endpoint": endpoint, "endpoint_source": source,
+                   "endpoint_reachable": _reachable(endpoint)},
+    }
+
+
+def render(report: dict[str, Any]) -> str:
+    v = report["vllm"]
+    lines = []
+    if v["module_version"] is None:
+        lines.append("vLLM: not importable")
+    else:
+        dist = f"{v['distribution']} {v['version']}" if v["distribution"] else "no distribution"
+        support = ("supported" if v["supported"]
+                   else f"NOT in the tested range {v['supported_range']}")
+        lines.append(f"vLLM: module {v['module_version']} ({dist}); {support}")
+    lines.extend(_render_opentelemetry(report["opentelemetry"]))
+    live = [h for h in report["hooks"] if h["resolved"]]
+    lines.append(f"hooks: {len(live)} of {len(report['hooks'])} targets resolve")
+    for h in report["hooks"]:
+        mark = "ok     " if h["resolved"] else "absent " if h["optional"] else "MISSING"
+        detail = "" if h["resolved"] else f"  ({h['detail']})"
+        if h.get("needs"):  # applied only with that setting on
+            detail += f"  (applied only with {_NEEDS.get(h['needs'], h['needs'])})"
+        lines.append(f"  {mark} {h['name']:<28} {h['target']}{detail}")
+    lines.append("load formats (shard read spans):")
+    for row in report.get("loaders", []):
+        mark = "per-shard" if row["per_shard"] else "NOT HOOKED"
+        lines.append(f"  {mark:<10} {row['format']}: {row['detail']}")
+    for group, names in report["entry_points"].items():
+        lines.append(f"entry point {group}: {', '.join(names) or 'NOT REGISTERED'}")
+    h = report["host"]
+    lines.append(f"host CPU: {', '.join(h['cpu_isa']) or 'no AVX2'}")
+    lines.extend(f"  warning: {text}" for text in h["known_crashes"])
+    e = report["export"]
+    reach = {True: "reachable", False: "NOT reachable",
+             None: "not checked"}[e["endpoint_reachable"]]
+    lines.append(f"export: traces={e['traces_exporter']} metrics={e['metrics_exporter']} "
+                 f"protocol={e['protocol']} endpoint={e['endpoint'] or e['endpoint_source']} "
+                 f"({reach})")
+    return "\n".join(lines)
+
+
+def _render_opentelemetry(otel: dict[str, Any]) -> list[str]:
+    support = ("supported" if otel["supported"]
+               else f"NOT in the tested range {otel['supported_range']}")
+    lines = [f"OpenTelemetry SDK: {otel['sdk_version'] or 'not installed'}; {support}"]
+    missing = otel["missing_internals"]
+    if not missing:
+        lines.append("  ok      every SDK internal otel-ttft uses is there")
+    lines.extend(f"  MISSING {name} (the SDK's own behaviour instead)" for name in missing)
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="otel-ttft doctor", description=__doc__)
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = parser.parse_args(argv)
+    report = collect()
+    print(json.dumps(report, indent=2) if args.json else render(report))
+    required = [h for h in report["hooks"]
+                if not h["optional"] and h["target"].split(".", 1)[0] == "vllm"]
+    if report["vllm"]["module_version"] is None or not any(h["resolved"] for h in required):
+        print("otel-ttft doctor: nothing can be instrumented", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""scripts/gpu-check's judgement on CPU: what it asks of the spans of a GPU vLLM (synthetic here,
+shaped as the receiver stores them), that it names each missing piece, and that a server that does
+not start is one FAIL line. The real run needs an NVIDIA machine (docs/gpu-checks.md)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from otel_ttft import semconv
+from otel_ttft.tools.replay.server import ServerStartError
+from scripts import gpu_check
+
+_ids = itertools.count(1)
+
+
+def _span(name, start, end, parent=None, trace="t1", **attributes):
+    return {"trace_id": trace, "span_id": f"s{next(_ids)}",
+            "parent_span_id": parent["span_id"] if parent else None, "name": name,
+            "start_ns": start, "end_ns": end, "attributes": attributes}
+
+
+def _gpu_run():
+    """A start activation covering its time, graphs and H2D on it, a sleep, a wake-up."""
+    start = _span(semconv.SPAN_ACTIVATION, 0, 100, **{semconv.ATTR_ACTIVATION_KIND: "start"})
+    spans = [
+        start,
+        _span(semconv.SPAN_DEVICE_INIT, 0, 10, start),
+        _span(semconv.SPAN_LOAD_WEIGHTS, 10, 60, start, **{semconv.ATTR_H2D_BYTES: 4096}),
+        _span("Capture model", 60, 100, start,
+              **{semconv.ATTR_GRAPH_COUNT: 10,
+                 semconv.ATTR_STAGE: semconv.STAGE_WARMUP_GRAPH_CAPTURE}),
+        _span(semconv.SPAN_SLEEP, 200, 210, trace="t2"),
+    ]
+    wake = _span(semconv.SPAN_ACTIVATION, 300, 400, trace="t3",
+                 **{semconv.ATTR_ACTIVATION_KIND: "wake"})
+    spans += [wake, _span(semconv.SPAN_WAKE_UP, 300, 390, wake, trace="t3",
+                          **{semconv.ATTR_STAGE: semconv.STAGE_LOAD_H2D})]
+    return spans
+
+
+def _without(spans, name):
+    return [s for s in spans if s["name"] != name]
+
+
+def test_a_complete_gpu_run_passes():
+    assert gpu_check.check(_gpu_run()) == []
+
+
+@pytest.mark.parametrize(("change", "problem"), [
+    (lambda s: _without(s, "Capture model"), "no 'Capture model' span with ttft.graph.count > 0"),
+    (lambda s: _without(s, semconv.SPAN_LOAD_WEIGHTS), "no host-to-device bytes"),
+    (lambda s: _without(s, semconv.SPAN_DEVICE_INIT), "no 'Init device' span"),
+    (lambda s: _without(s, semconv.SPAN_SLEEP), "no 'Sleep' span"),
+    (lambda s: _without(s, semconv.SPAN_WAKE_UP), "wake-up activation has no 'Wake up'"),
+    (lambda s: [x for x in s if x["trace_id"] != "t3"], "no wake-up activation"),
+    (lambda s: [x for x in s if x["trace_id"] != "t1"], "expected one start activation, got 0"),
+])
+def test_each_missing_gpu_path_is_named(change, problem):
+    found = gpu_check.check(change(_gpu_run()))
+    assert any(problem in p for p in found), found
+
+
+def test_a_start_activation_with_a_gap_fails_coverage():
+    spans = [s for s in _gpu_run() if s["name"] != semconv.SPAN_DEVICE_INIT]
+    spans.append(_span(semconv.SPAN_DEVICE_INIT, 0, 1, spans[0]))  # 9% of the start uncovered
+    assert any("coverage 0.91 < 0.95" in p for p in gpu_check.check(spans))
+
+
+def _replay_run():
+    spans = []
+    for scenario in gpu_check.REPLAY_SCENARIOS:
+        request = _span(semconv.SPAN_REPLAY_REQUEST, 0, 10, trace=scenario,
+                        **{semconv.ATTR_REPLAY_SCENARIO: scenario})
+        spans += [request, _span(semconv.SPAN_REQUEST, 1, 9, request, trace=scenario)]
+    for i in range(2):
+        switch = _span(semconv.SPAN_SWITCH, 20, 30, trace=f"sw{i}",
+                       **{semconv.ATTR_SWITCH_REASON: semconv.SWITCH_REASON_SLEEP})
+        wake = _span(semconv.SPAN_ACTIVATION, 30, 40, trace=f"wk{i}",
+                     **{semconv.ATTR_ACTIVATION_KIND: "wake"})
+        spans += [switch, _span(semconv.SPAN_SLEEP, 21, 29, switch, trace=f"sw{i}"), wake]
+    return spans
+
+
+def test_the_sleep_driver_replay_is_judged_end_to_end():
+    assert gpu_check.check_sleep_replay(_replay_run()) == []
+    lost = [s for s in _replay_run() if s["name"] != semconv.SPAN_REQUEST]
+    assert any("traceparent lost" in p for p in gpu_check.check_sleep_replay(lost))
+    orphan_sleep = [{**s, "parent_span_id": None} if s["name"] == semconv.SPAN_SLEEP else s
+                    for s in _replay_run()]
+    assert any("not under the API's vllm.switch" in p
+               for p in gpu_check.check_sleep_replay(orphan_sleep))
+    failed = [{**s, "attributes": {**s["attributes"], semconv.ATTR_REPLAY_ERROR: "HTTP 500"}}
+              if s["name"] == semconv.SPAN_REPLAY_REQUEST else s for s in _replay_run()]
+    assert "replay: a request failed" in gpu_check.check_sleep_replay(failed)
+
+
+def test_a_server_that_does_not_start_is_one_fail_line():
+    def boom():
+        raise ServerStartError("vLLM exited with 1\nlog tail ...")
+
+    assert gpu_check.guarded("sleep/wake", boom) == [
+        "sleep/wake: ServerStartError: vLLM exited with 1"]
+    assert gpu_check.guarded("replay", lambda: ["x"]) == ["x"]
+    with pytest.raises(ValueError):  # a bug of ours is not swallowed
+        gpu_check.guarded("replay", lambda: int("x"))
+
+
+def test_without_a_gpu_it_exits_2(monkeypatch, capsys):
+    monkeypatch.setattr(gpu_check, "_has_gpu", lambda: False)
+    assert gpu_check.main([]) == 2
+    assert "no NVIDIA GPU" in capsys.readouterr().err
