@@ -5,7 +5,7 @@ VENV := .venv
 PYTHON := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast lint docs
+.PHONY: setup demo test test-fast acceptance lint docs
 
 setup:
 	@bash scripts/setup
@@ -13,8 +13,12 @@ setup:
 demo: setup
 	$(VENV)/bin/otel-ttft demo
 
+# The suite CI runs; the longest end-to-end checks (marker `acceptance`) are `make acceptance`.
 test: setup
-	$(PYTHON) -m pytest -q tests $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -q -m "not acceptance" tests $(PYTEST_ARGS)
+
+acceptance: setup
+	$(PYTHON) -m pytest -q -m acceptance tests $(PYTEST_ARGS)
 
 test-fast: setup
 	$(PYTHON) -m pytest -q -m "not vllm" tests $(PYTEST_ARGS)

@@ -1,41 +1,45 @@
-"""End-to-end cost of the request path, as a user would see it: the same fixed workload against
-the same tiny model, served twice at once -- plain vLLM (our plugin switched off) and instrumented
-(``opentelemetry-instrument``, spans and metrics exported over OTLP/HTTP to a live receiver in this
-process) -- in rounds whose arm order alternates (A/B, B/A, ...). The server not being measured is
-paused (SIGSTOP to its process group): an idle vLLM still polls its queues and would take CPU from
-the other.
+"""End-to-end cost of the request path, as an operator sees it at peak: the same fixed workload
+against the same tiny model, served by three servers at once -- ``plain`` vLLM (no
+``opentelemetry-instrument``, our plugin off), ``sdk`` (``opentelemetry-instrument`` with the SDK
+and OTLP exporters, our instrumentor and plugin off) and ``ours`` (otel-ttft on) -- each
+exporting over OTLP/HTTP to a live receiver in this process. Every run is one (load, upstream)
+cell: closed loop at concurrency 1, 4 and 16 (``c1``, ``c4``, ``c16``) or an open loop at R
+requests/s (``rR``); ``untraced`` requests, or ``traced`` ones (each with a sampled
+``traceparent``, as behind a traced gateway: parent-based sampling gives every request its span).
+In each round every cell runs every arm, in an order that rotates through all six permutations
+of the three arms; the two servers not being measured are paused (SIGSTOP to their process
+group: an idle vLLM still polls its queues).
 
 The figure that matters is **CPU-seconds per request** of each server process (API server,
-EngineCore, worker), read from ``/proc/<pid>/stat`` (utime + stime, all threads) around each run
-plus a short settle window. The exporters keep the SDK's defaults (a span batch every 5 s or 512
-spans, metrics every 60 s): a batch still queued when a run ends goes out at the start of that
-arm's next run, so over the rounds every span's encoding and sending is counted. The API server's
-CPU is also split by thread (its main thread: vLLM's event loop and our hooks; the SDK's export
-threads). CPU time is what contention on a shared machine hurts least. Reported per round, per
-pair (instrumented minus plain) and as the median ratio; throughput and client TTFT ratios
-are printed next to them.
+EngineCore, worker) from ``/proc/<pid>/stat`` around each run plus a short settle window; each
+arm's figure is divided by plain vLLM's of the same round and cell, and the median of those
+per-round ratios is reported (the per-round ratios beside it). The exporters keep the SDK's
+defaults (a span batch every 5 s or 512 spans): a batch still queued when a run ends goes out at
+the start of that arm's next run, so over the rounds every span's encoding and sending is
+counted.
 
-``--profile DIR`` adds one unmeasured instrumented run under ``py-spy record`` (raw collapsed
-stacks of the API server and EngineCore), summarised by the share of samples in our code, in the
-OpenTelemetry SDK/exporter and in vLLM.
+For the accounting (where the API process's CPU goes, beyond what a Python profiler sees), each
+run also records per request: the API server's CPU per thread (its main thread runs vLLM's event
+loop and our hooks; the SDK's export threads), its main thread's voluntary context switches (one
+per sleep in ``epoll_wait``: extra wake-ups), read/write syscalls and bytes (sockets included: the
+ZMQ traffic to EngineCore), minor page faults; with ``--probe``, every server runs under
+``api_probe.py`` and each run also records garbage collections per generation and their CPU.
+``--profile DIR`` adds unmeasured runs of ``ours`` under ``py-spy record --native`` (raw
+collapsed stacks, native frames included), summarised by the share of samples in our code, in
+the SDK and exporter, and in vLLM.
 
-``--rate R`` paces the client (open loop, R requests/s) so that both arms take the same wall time
-(vLLM's API process does work per second as well as per request: with a closed loop, the slower
-arm pays more of it per request): plain vLLM alone swings by +-15 % from round to round
-closed-loop on this 2-core machine.
-
-Usage: python benchmarks/request_overhead.py [--rounds 6] [--requests 300] [--concurrency 4]
-       [--max-tokens 16] [--rate R] [--profile DIR] [--json FILE]
+Usage: python benchmarks/request_overhead.py [--rounds 6] [--requests 300]
+       [--loads c1,c4,c16,r12] [--upstream untraced,traced] [--arms plain,sdk,ours]
+       [--max-tokens 16] [--probe] [--profile DIR] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
-import re
-import shutil
 import signal
 import socket
 import statistics
@@ -46,6 +50,17 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from server_counters import (
+    counter_delta,
+    counters,
+    cpu_seconds,
+    pause,
+    processes,
+    py_spy,
+    thread_cpu,
+    thread_names,
+)
 
 from otel_ttft.tools.replay.server import VllmServer
 from otel_ttft.tools.sink.receiver import OTLPReceiver
@@ -59,6 +74,14 @@ EXPORT_ENV = {
     "OTEL_LOGS_EXPORTER": "none",
     "OTEL_SERVICE_NAME": "vllm-bench",
 }  # the SDK's batching defaults: what a user gets
+ARMS = ("plain", "sdk", "ours")
+ARM_ENV = {
+    "plain": {"VLLM_PLUGINS": "none"},
+    # opentelemetry-instrument with the SDK and exporters, our instrumentor and plugin off
+    "sdk": {**EXPORT_ENV, "VLLM_PLUGINS": "none",
+            "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "vllm_ttft"},
+    "ours": EXPORT_ENV,
+}
 
 
 def workload(n: int, seed: int = 0) -> list[list[int]]:
@@ -67,13 +90,17 @@ def workload(n: int, seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(10, 2000) for _ in range((16, 64, 256)[i % 3])] for i in range(n)]
 
 
-def one(port: int, model: str, prompt: list[int], max_tokens: int) -> tuple[float, int]:
+def one(port: int, model: str, prompt: list[int], max_tokens: int,
+        traced: bool) -> tuple[float, int]:
     """Client TTFT (s) and output tokens of one streamed completion, over a raw socket: the
-    first ``data:`` counts when its bytes arrive, with no client-side buffering in between."""
+    first ``data:`` counts when its bytes arrive, with no client-side buffering in between.
+    ``traced``: a sampled ``traceparent`` of its own, as a traced gateway would send."""
     body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens,
                        "temperature": 0, "ignore_eos": True, "stream": True}).encode()
+    parent = (f"traceparent: 00-{random.getrandbits(128):032x}-{random.getrandbits(64):016x}"
+              "-01\r\n" if traced else "")
     head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{parent}"
             "Connection: close\r\n\r\n").encode()
     sock = socket.create_connection(("127.0.0.1", port), timeout=300)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -88,116 +115,77 @@ def one(port: int, model: str, prompt: list[int], max_tokens: int) -> tuple[floa
     finally:
         sock.close()
     assert data.startswith(b"HTTP/1.1 200"), bytes(data[:300])
-    chunks = data.count(b"data: {")
-    return ttft or float("nan"), chunks
+    return ttft or float("nan"), data.count(b"data: {")
 
 
-def run(server: VllmServer, model: str, prompts: list[list[int]], max_tokens: int,
-        concurrency: int, rate: float | None = None) -> dict:
-    """All prompts, streamed: ``concurrency`` at a time (closed loop), or, with ``rate``, one
-    started every ``1/rate`` s whatever the server does (open loop: both arms then take the same
-    wall time, so per-second work in the server weighs the same on both)."""
+def parse_load(load: str) -> tuple[int, float | None]:
+    """``c4``: closed loop, 4 at a time; ``r12``: open loop, 12 requests/s; ``i10``: no request
+    for 10 s (what the server does per second on its own)."""
+    if load.startswith(("c", "i")):
+        return int(load[1:]), None
+    if load.startswith("r"):
+        return 0, float(load[1:])
+    raise argparse.ArgumentTypeError(f"load {load!r}: c<concurrency> or r<requests/s>")
+
+
+def run(server: VllmServer, model: str, prompts: list[list[int]], max_tokens: int, load: str,
+        traced: bool) -> dict:
+    """All prompts, streamed: ``concurrency`` at a time (closed loop), or one started every
+    ``1/rate`` s whatever the server does (open loop: every arm then takes the same wall time,
+    so per-second work in the server weighs the same on all)."""
+    concurrency, rate = parse_load(load)
     t0 = time.monotonic()
+    if load.startswith("i"):
+        time.sleep(concurrency)
+        return {"wall_s": time.monotonic() - t0, "tokens": 0, "ttft_s": [], "requests": 0}
     if rate is None:
         with ThreadPoolExecutor(concurrency) as pool:
-            results = list(pool.map(lambda p: one(server.port, model, p, max_tokens), prompts))
+            results = list(pool.map(lambda p: one(server.port, model, p, max_tokens, traced),
+                                    prompts))
     else:
         def paced(item: tuple[int, list[int]]) -> tuple[float, int]:
             delay = t0 + item[0] / rate - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-            return one(server.port, model, item[1], max_tokens)
+            return one(server.port, model, item[1], max_tokens, traced)
 
-        with ThreadPoolExecutor(max(concurrency, int(rate * 4) + 4)) as pool:
+        with ThreadPoolExecutor(int(rate * 4) + 4) as pool:
             results = list(pool.map(paced, enumerate(prompts)))
     wall = time.monotonic() - t0
     return {"wall_s": wall, "tokens": sum(c for _, c in results),
-            "tokens_per_s": sum(c for _, c in results) / wall,
-            "ttft_s": [t for t, _ in results]}
+            "ttft_s": [t for t, _ in results], "requests": len(results)}
 
 
-def pause(server: VllmServer, paused: bool) -> None:
-    os.killpg(os.getpgid(server.pid), signal.SIGSTOP if paused else signal.SIGCONT)
-    if not paused:
-        time.sleep(0.5)  # let its threads (span export, stats) catch up before measuring
+def probe_counts(server: VllmServer, path: Path) -> dict | None:
+    """The API server's garbage-collection counts so far (``api_probe.py``), if it runs one."""
+    path.unlink(missing_ok=True)
+    os.kill(server.pid, signal.SIGUSR2)
+    for _ in range(50):
+        if path.exists():
+            return json.loads(path.read_text())
+        time.sleep(0.02)
+    return None
 
 
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def processes(server: VllmServer) -> dict[str, list[int]]:
-    """The server's processes by role: ``api`` (the leader), ``engine`` (EngineCore),
-    ``worker``, ``other`` (e.g. multiprocessing's resource tracker)."""
-    pgid = os.getpgid(server.pid)
-    roles: dict[str, list[int]] = {"api": [], "engine": [], "worker": [], "other": []}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1: stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[2]) != pgid:  # field 5: process group
-            continue
-        pid = int(entry)
-        role = ("api" if pid == server.pid else "engine" if "Engine" in comm
-                else "worker" if "Worker" in comm else "other")
-        roles[role].append(pid)
-    return roles
-
-
-def _cpu_ticks(stat_path: str) -> int | None:
-    """utime + stime (fields 14 and 15) from a /proc stat file; None when it is gone."""
-    try:
-        stat = Path(stat_path).read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()
-    return int(fields[11]) + int(fields[12])
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    """utime + stime of these processes (all their threads), in seconds."""
-    return sum(_cpu_ticks(f"/proc/{pid}/stat") or 0 for pid in pids) / _TICK
-
-
-def thread_cpu(pid: int) -> dict[int, float]:
-    """CPU-seconds per thread id of one process."""
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return {}
-    ticks = {int(tid): _cpu_ticks(f"/proc/{pid}/task/{tid}/stat") for tid in tids}
-    return {tid: n / _TICK for tid, n in ticks.items() if n is not None}
-
-
-def thread_names(pid: int) -> dict[int, str]:
-    """Python thread names by native id (``py-spy dump``), when py-spy is installed."""
-    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    try:
-        text = subprocess.run([py_spy, "dump", "--pid", str(pid)], capture_output=True,
-                              text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return {pid: "MainThread"}
-    names = {int(m[1]): m[2] for m in re.finditer(r'Thread (?:0x[0-9A-Fa-f]+ )?\(?(\d+)\)?'
-                                                 r'[^"\n]*"([^"]+)"', text)}
-    names.setdefault(pid, "MainThread")
-    return names
-
-
-def measured_run(server: VllmServer, roles: dict[str, list[int]], model: str,
-                 prompts: list[list[int]], max_tokens: int, concurrency: int,
-                 settle_s: float, rate: float | None = None) -> dict:
-    """One run with each process's CPU-seconds, counted to ``settle_s`` after the last reply."""
-    before = {role: cpu_seconds(pids) for role, pids in roles.items()}
-    api_before = thread_cpu(server.pid)
-    res = run(server, model, prompts, max_tokens, concurrency, rate)
+def measured_run(server: VllmServer, model: str, prompts: list[list[int]], max_tokens: int,
+                 load: str, traced: bool, settle_s: float, probe: Path | None) -> dict:
+    """One run with each process's CPU-seconds and the API server's counters, counted to
+    ``settle_s`` after the last reply (a process that started during the run from its start)."""
+    gc_before = probe_counts(server, probe) if probe else None
+    before = {pid: cpu_seconds([pid]) for pids in processes(server).values() for pid in pids}
+    api_before, threads_before = counters(server.pid), thread_cpu(server.pid)
+    res = run(server, model, prompts, max_tokens, load, traced)
     time.sleep(settle_s)
-    res["cpu_s"] = {role: cpu_seconds(pids) - before[role] for role, pids in roles.items()}
-    res["api_threads_s"] = {tid: t - api_before.get(tid, 0.0)
+    res["cpu_s"] = {role: sum(cpu_seconds([pid]) - before.get(pid, 0.0) for pid in pids)
+                    for role, pids in processes(server).items()}
+    res["api_threads_s"] = {tid: t - threads_before.get(tid, 0.0)
                             for tid, t in thread_cpu(server.pid).items()}
+    res["api_counters"] = counter_delta(api_before, counters(server.pid))
+    if gc_before is not None:
+        gc_after = probe_counts(server, probe)
+        if gc_after is not None:  # the probe's own dump is outside the counted window
+            res["gc"] = {key: [a - b for a, b in zip(gc_after[key], gc_before[key], strict=True)]
+                         for key in ("collections", "gc_cpu_s", "collected")}
     return res
 
 
@@ -208,30 +196,34 @@ def pct(values: list[float], q: float) -> float:
 
 def profile(server: VllmServer, roles: dict[str, list[int]], model: str,
             prompts: list[list[int]], args: argparse.Namespace, out: Path) -> dict:
-    """One unmeasured run under ``py-spy record`` (API server and EngineCore), summarised."""
-    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    """Unmeasured runs of each (load, upstream) cell under ``py-spy record --native`` (API server
+    and EngineCore), summarised."""
     out.mkdir(parents=True, exist_ok=True)
-    recorders = []
-    for role in ("api", "engine"):
-        for pid in roles[role]:
-            recorders.append((role, out / f"{role}-{pid}.txt", subprocess.Popen(
-                [py_spy, "record", "--nonblocking", "--threads", "--rate", "200", "--format",
-                 "raw", "--output", str(out / f"{role}-{pid}.txt"), "--pid", str(pid)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
-    time.sleep(1.0)  # py-spy attaches
-    try:
-        run(server, model, prompts, args.max_tokens, args.concurrency)
-        time.sleep(args.settle_s)
-    finally:
-        for _, _, proc in recorders:
-            proc.send_signal(signal.SIGINT)
-        for _, _, proc in recorders:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-    return {f"{role}:{path.name}": summarise(path) for role, path, _ in recorders
-            if path.exists()}
+    summaries = {}
+    for load, upstream in itertools.product(args.loads, args.upstream):
+        recorders = []
+        for role in ("api", "engine"):
+            for pid in roles[role]:
+                path = out / f"{load}-{upstream}-{role}-{pid}.txt"
+                recorders.append((role, path, subprocess.Popen(
+                    [py_spy(), "record", "--nonblocking", "--native", "--threads", "--rate",
+                     "200", "--format", "raw", "--output", str(path), "--pid", str(pid)],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
+        time.sleep(1.0)  # py-spy attaches
+        try:
+            run(server, model, prompts, args.max_tokens, load, upstream == "traced")
+            time.sleep(args.settle_s)
+        finally:
+            for _, _, proc in recorders:
+                proc.send_signal(signal.SIGINT)
+            for _, _, proc in recorders:
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        summaries.update({f"{load}/{upstream}/{role}:{path.name}": summarise(path)
+                          for role, path, _ in recorders if path.exists()})
+    return summaries
 
 
 _BUCKETS = (  # first match, innermost frame first: who is on CPU
@@ -245,8 +237,9 @@ _BUCKETS = (  # first match, innermost frame first: who is on CPU
 
 
 def summarise(path: Path, top: int = 25) -> dict:
-    """Share of on-CPU samples by owner: innermost frame's package, our code counted wherever it
-    sits on the stack (what we call runs on our behalf), plus the top leaf functions."""
+    """Share of on-CPU samples by owner: innermost Python frame's package, our code counted
+    wherever it sits on the stack (what we call runs on our behalf), plus the top leaves (native
+    frames included) and what our frames call most."""
     owners: Counter[str] = Counter()
     ours: Counter[str] = Counter()
     leaves: Counter[str] = Counter()
@@ -262,8 +255,9 @@ def summarise(path: Path, top: int = 25) -> dict:
             continue
         total += n
         threads[frames[0][:60]] += n
-        leaf = frames[-1]
-        leaves[leaf[:120]] += n
+        leaves[frames[-1][:120]] += n
+        python = [f for f in frames if ".py:" in f]
+        leaf = python[-1] if python else frames[-1]
         owner = next((name for name, key in _BUCKETS if key in leaf), None)
         if owner is None:
             owner = next((name for name, key in _BUCKETS[:4] if any(key in f for f in frames)),
@@ -280,126 +274,176 @@ def summarise(path: Path, top: int = 25) -> dict:
             "top_leaves_pct": {k: round(100 * v / total, 2) for k, v in leaves.most_common(top)}}
 
 
+def cell_figures(results: list[dict], arms: list[str], names: dict) -> dict:
+    """One (load, upstream) cell: per-round ratios to plain and their median, per process; the
+    API server's threads and counters per request (per second when idle); throughput and
+    client TTFT."""
+    rounds: dict[str, list[dict]] = {arm: [r for r in results if r["arm"] == arm] for arm in arms}
+    idle = not results[0]["requests"]
+
+    def per(r: dict) -> float:
+        """What a figure is divided by: requests, or seconds of an idle run."""
+        return r["wall_s"] if idle else r["requests"]
+
+    def per_req(arm: str, role: str) -> list[float]:
+        return [r["cpu_s"][role] / per(r) * 1e3 for r in rounds[arm]]
+
+    def ratio(arm: str, values: dict[str, list[float]]) -> dict:
+        a, b = values[arm], values["plain"]
+        if not any(b):  # no such process in plain vLLM (the export process): no ratio
+            return {"per_round": [], "median": None}
+        pairs = [x / y for x, y in zip(a, b, strict=True) if y]
+        return {"per_round": [round(p, 3) for p in pairs],
+                "median": round(statistics.median(pairs), 4) if pairs else None}
+
+    out: dict = {"unit": "per second (idle)" if idle else "per request"}
+    for role in ("api", "engine", "worker", "exporter"):
+        values = {arm: per_req(arm, role) for arm in arms}
+        out[f"cpu_{role}_ms"] = {arm: [round(v, 3) for v in values[arm]]
+                                             for arm in arms}
+        out[f"cpu_{role}_ratio"] = {arm: ratio(arm, values) for arm in arms if arm != "plain"}
+    if not idle:
+        rps = {arm: [r["requests"] / r["wall_s"] for r in rounds[arm]] for arm in arms}
+        out["throughput_req_s"] = {arm: round(statistics.median(rps[arm]), 2) for arm in arms}
+        out["throughput_ratio"] = {arm: ratio(arm, rps) for arm in arms if arm != "plain"}
+        ttft = {arm: [t for r in rounds[arm] for t in r["ttft_s"]] for arm in arms}
+        out["ttft_p50_ratio"] = {arm: round(pct(ttft[arm], .5) / pct(ttft["plain"], .5), 4)
+                                 for arm in arms if arm != "plain"}
+    per_request: dict[str, dict[str, float]] = {}
+    for arm in arms:
+        c: Counter[str] = Counter()
+        for r in rounds[arm]:
+            share = 1 / per(r) / len(rounds[arm])
+            for key, value in r["api_counters"].items():
+                c[key] += value * share
+            for tid, sec in r["api_threads_s"].items():
+                c["cpu_ms:" + names[arm].get(tid, "other threads")] += sec * 1e3 * share
+            for key in ("collections", "gc_cpu_s"):
+                for gen, value in enumerate(r.get("gc", {}).get(key, ())):
+                    scale = 1e3 if key == "gc_cpu_s" else 1
+                    c[f"gc_{'cpu_ms' if scale > 1 else 'collections'}_gen{gen}"] += (
+                        value * scale * share)
+        per_request[arm] = {k: round(v, 4) for k, v in sorted(c.items())}
+    out["api_counters_mean"] = per_request
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=6, help="rounds; arm order alternates")
-    ap.add_argument("--requests", type=int, default=300)
-    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=6, help="rounds; arm order rotates")
+    ap.add_argument("--requests", type=int, default=300, help="requests per run")
+    ap.add_argument("--loads", default="c1,c4,c16,r12",
+                    help="comma list: cN closed loop at concurrency N, rR open loop R req/s")
+    ap.add_argument("--upstream", default="untraced,traced", help="untraced, traced or both")
+    ap.add_argument("--arms", default="plain,sdk,ours", help="plain always runs")
     ap.add_argument("--max-tokens", type=int, default=16)
-    ap.add_argument("--rate", type=float, default=None,
-                    help="open loop: start this many requests per second (default: closed loop)")
     ap.add_argument("--settle-s", type=float, default=1.5,
                     help="CPU counted this long after each run (the exporter's last batch)")
-    ap.add_argument("--profile", help="directory: one extra instrumented run under py-spy")
+    ap.add_argument("--probe", action="store_true",
+                    help="run every server under api_probe.py: garbage collections per run")
+    ap.add_argument("--profile", help="directory: unmeasured runs of ours under py-spy --native")
     ap.add_argument("--env", action="append", default=[],
-                    help="KEY=VALUE for the instrumented server (repeatable)")
+                    help="KEY=VALUE for the ours server (repeatable)")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
+    args.loads = [x for x in args.loads.split(",") if x]
+    for load in args.loads:
+        parse_load(load)
+    args.upstream = [x for x in args.upstream.split(",") if x]
+    arms = ["plain", *[a for a in args.arms.split(",") if a in ARMS and a != "plain"]]
 
     model_dir = ensure_tiny_model()
     model = str(model_dir)
     prompts = workload(args.requests)
     work = Path(tempfile.mkdtemp(prefix="otel-ttft-bench-"))
     receiver = OTLPReceiver(SpanStore(work / "store")).start()
-    plain = VllmServer(model_dir, instrument=False, env={"VLLM_PLUGINS": "none"},
-                       log_path=work / "plain.log")
     extra = dict(item.split("=", 1) for item in args.env)
-    traced = VllmServer(model_dir, instrument=True,
-                        env={**EXPORT_ENV, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.http_endpoint,
-                             **extra},
-                        log_path=work / "traced.log")
-    results: dict[str, list[dict]] = {"plain": [], "instrumented": []}
+    launcher = ([sys.executable, str(Path(__file__).with_name("api_probe.py"))] if args.probe
+                else [sys.executable])
+    servers: dict[str, VllmServer] = {}
+    for arm in arms:
+        env = {**ARM_ENV[arm], **(extra if arm == "ours" else {}),
+               "BENCH_PROBE_FILE": str(work / f"{arm}.gc.json")}
+        if arm != "plain":
+            env["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.http_endpoint
+        server = VllmServer(model_dir, instrument=arm != "plain", env=env,
+                            log_path=work / f"{arm}.log")
+        if args.probe or arm != "plain":
+            prefix = ([str(Path(sys.executable).parent / "opentelemetry-instrument")]
+                      if arm != "plain" else [])
+            base = server.command()
+            module_at = base.index("-m")
+            server.argv = [*prefix, *launcher, *base[module_at:]]
+        servers[arm] = server
+    results: dict[tuple[str, str], list[dict]] = {
+        cell: [] for cell in itertools.product(args.loads, args.upstream)
+        if not (cell[0].startswith("i") and cell[1] != args.upstream[0])}  # idle: upstream moot
     profiles = {}
-    load = [os.getloadavg()[0]]
+    load_avg = [os.getloadavg()[0]]
     try:
-        plain.start()
-        traced.start()
-        roles = {"plain": processes(plain), "instrumented": processes(traced)}
-        for server in (plain, traced):  # warm-up run each, discarded
-            run(server, model, prompts[: args.concurrency * 4], args.max_tokens, args.concurrency)
-        names = {"plain": thread_names(plain.pid), "instrumented": thread_names(traced.pid)}
-        pause(plain, True)
-        pause(traced, True)
+        for server in servers.values():
+            server.start()
+        roles = {arm: processes(s) for arm, s in servers.items()}
+        for server in servers.values():  # a warm-up run each, discarded
+            run(server, model, prompts[:16], args.max_tokens, "c4", False)
+        names = {arm: thread_names(s.pid) for arm, s in servers.items()}
+        for server in servers.values():
+            pause(server, True)
+        orders = list(itertools.permutations(arms))
         for r in range(args.rounds):
-            order = [("plain", plain), ("instrumented", traced)]
-            for name, server in (order if r % 2 == 0 else order[::-1]):
-                pause(server, False)
-                try:
-                    res = measured_run(server, roles[name], model, prompts, args.max_tokens,
-                                       args.concurrency, args.settle_s, args.rate)
-                finally:
-                    pause(server, True)
-                results[name].append(res)
-                load.append(os.getloadavg()[0])
-                cpu = {k: v / args.requests * 1e3 for k, v in res["cpu_s"].items()}
-                print(f"round {r} {name:12s} API {cpu['api']:6.2f} ms/req  EngineCore "
-                      f"{cpu['engine']:6.2f}  worker {cpu['worker']:6.2f}  "
-                      f"{args.requests / res['wall_s']:6.1f} req/s  load {load[-1]:.2f}",
-                      flush=True)
-        if args.profile:
-            pause(traced, False)
-            profiles = profile(traced, roles["instrumented"], model, prompts, args,
+            for cell in results:
+                for arm in orders[r % len(orders)]:
+                    server = servers[arm]
+                    pause(server, False)
+                    try:
+                        res = measured_run(server, model, prompts, args.max_tokens,
+                                           cell[0], cell[1] == "traced", args.settle_s,
+                                           work / f"{arm}.gc.json" if args.probe else None)
+                    finally:
+                        pause(server, True)
+                    res["arm"] = arm
+                    results[cell].append(res)
+                    load_avg.append(os.getloadavg()[0])
+                    per = res["requests"] or res["wall_s"]
+                    cpu = {k: v / per * 1e3 for k, v in res["cpu_s"].items()}
+                    unit = "req" if res["requests"] else "s  "
+                    print(f"round {r} {cell[0]:4s} {cell[1]:8s} {arm:5s} API {cpu['api']:6.2f} "
+                          f"ms/{unit}  EngineCore {cpu['engine']:6.2f}  worker "
+                          f"{cpu['worker']:6.2f}  exporter {cpu['exporter']:5.2f}  "
+                          f"{res['requests'] / res['wall_s']:6.1f} req/s"
+                          f"  load {load_avg[-1]:.2f}", flush=True)
+        if args.profile and "ours" in servers:
+            pause(servers["ours"], False)
+            profiles = profile(servers["ours"], roles["ours"], model, prompts, args,
                                Path(args.profile))
-            pause(traced, True)
+            pause(servers["ours"], True)
     finally:
-        for server in (traced, plain):
+        for server in servers.values():
             if server.pid is not None:
                 pause(server, False)
             server.stop()
         receiver.stop()
 
-    n = args.requests
-
-    def per_req(name: str, role: str) -> list[float]:
-        return [r["cpu_s"][role] / n * 1e3 for r in results[name]]
-
-    def rps(name: str) -> list[float]:
-        return [n / r["wall_s"] for r in results[name]]
-
-    def ttfts(name: str) -> list[float]:
-        return [t for r in results[name] for t in r["ttft_s"]]
-
-    def ratio(role: str) -> dict:
-        a, b = per_req("instrumented", role), per_req("plain", role)
-        pairs = [x / y for x, y in zip(a, b, strict=True) if y]
-        return {"plain_ms_per_request": [round(v, 3) for v in b],
-                "instrumented_ms_per_request": [round(v, 3) for v in a],
-                "pair_difference_ms": [round(x - y, 3) for x, y in zip(a, b, strict=True)],
-                "median_pair_ratio": round(statistics.median(pairs), 4) if pairs else None,
-                "ratio_of_medians": round(statistics.median(a) / statistics.median(b), 4)
-                if statistics.median(b) else None}
-
-    def by_thread(name: str) -> dict[str, float]:
-        """Median ms per request of each named API-server thread (the rest summed as other)."""
-        per_round: list[Counter[str]] = []
-        for r in results[name]:
-            c: Counter[str] = Counter()
-            for tid, sec in r["api_threads_s"].items():
-                c[names[name].get(tid, "other threads")] += sec / n * 1e3
-            per_round.append(c)
-        keys = {k for c in per_round for k in c}
-        return {k: round(statistics.median(c[k] for c in per_round), 3) for k in sorted(keys)}
-
-    request_spans = sum(1 for s in receiver.store.spans() if s["name"] == "llm_request")
     figures = {
-        "rounds": args.rounds, "requests_per_run": n, "concurrency": args.concurrency,
-        "max_tokens": args.max_tokens, "instrumented_env": extra,
-        "rate_req_s": args.rate,
-        "load_average_1m": {"min": min(load), "max": max(load)},
-        "cpu_api": ratio("api"), "cpu_engine_core": ratio("engine"),
-        "cpu_worker": ratio("worker"),
-        "api_threads_ms_per_request": {k: by_thread(k) for k in results},
-        "throughput_req_s": {k: round(statistics.median(rps(k)), 2) for k in results},
-        "throughput_ratio": round(statistics.median(rps("instrumented")) /
-                                  statistics.median(rps("plain")), 4),
-        "ttft_p50_ratio": round(pct(ttfts("instrumented"), 0.5) / pct(ttfts("plain"), 0.5), 4),
-        "ttft_p99_ratio": round(pct(ttfts("instrumented"), 0.99) / pct(ttfts("plain"), 0.99), 4),
-        "request_spans_received": request_spans,
+        "rounds": args.rounds, "requests_per_run": args.requests, "max_tokens": args.max_tokens,
+        "ours_env": extra, "load_average_1m": {"min": min(load_avg), "max": max(load_avg)},
+        "cells": {f"{load}/{upstream}": cell_figures(res, arms, names)
+                  for (load, upstream), res in results.items()},
+        "request_spans_received": sum(1 for s in receiver.store.spans()
+                                      if s["name"] == "llm_request"),
         "spans_received": sum(1 for _ in receiver.store.spans()),
     }
     if profiles:
         figures["profile"] = profiles
     print(json.dumps(figures, indent=2))
+    print("\nAPI CPU per request (per second when idle), median of per-round ratios to plain:")
+    for cell, f in figures["cells"].items():
+        row = "  ".join(f"{arm} {f['cpu_api_ratio'][arm]['median']:.3f} "
+                        f"(EngineCore {f['cpu_engine_ratio'][arm]['median']:.3f}"
+                        + (f", throughput {f['throughput_ratio'][arm]['median']:.3f})"
+                           if "throughput_ratio" in f else ")")
+                        for arm in arms if arm != "plain")
+        print(f"  {cell:14s} {row}")
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2))
 

@@ -120,6 +120,7 @@ def assert_complete_activation(root, spans, model_dir, *, plugin_only=False):
     assert coverage(root) >= 0.95, f"root coverage {coverage(root):.3f}"
 
 
+@pytest.mark.acceptance
 def test_activation_under_opentelemetry_instrument_with_torch_compile(receiver, tiny_model,
                                                                       tmp_path):
     # A private copy: another vLLM reading the shared checkpoint between our eviction and this

@@ -282,7 +282,17 @@ def test_every_flag_and_env_var_the_tool_prints_exists_in_the_installed_vllm(voc
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    parser = make_arg_parser(FlexibleArgumentParser())
+    from otel_ttft.runtime.instrumentor import VllmTTFTInstrumentor
+
+    instrumentor = VllmTTFTInstrumentor()
+    was_instrumented = instrumentor.is_instrumented_by_opentelemetry
+    try:
+        # vLLM's parser loads the general plugins, ours among them: it instruments this process.
+        parser = make_arg_parser(FlexibleArgumentParser())
+    finally:
+        if not was_instrumented and instrumentor.is_instrumented_by_opentelemetry:
+            instrumentor.uninstrument()  # later tests start from an uninstrumented process
+    assert instrumentor.is_instrumented_by_opentelemetry == was_instrumented
     flags = {s for a in parser._actions for s in a.option_strings}
     candidates = every_printable_change(vocab)
     ids = {c["id"] for c in candidates}

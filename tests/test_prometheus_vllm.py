@@ -143,6 +143,7 @@ def _value(point_list: list[dict], stage: str) -> float:
     return max(values)
 
 
+@pytest.mark.acceptance
 def test_warmup_alert_and_dashboards_on_real_vllm_metrics(receiver_factory, vllm_plugin, tiny_model,
                                                           tmp_path):
     normal_points, normal_spans = _run(receiver_factory, vllm_plugin, tiny_model,

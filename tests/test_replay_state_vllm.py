@@ -57,6 +57,7 @@ def _analyze(receiver, tmp_path: Path) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.acceptance
 def test_cold_switch_is_measured_cold_and_resident_dual_is_warm(receiver, tmp_path):
     _replay(receiver, tmp_path, "short-prompt,cold-switch,resident-dual")
     spans = _answered(receiver, 3 + 1 + 2 * 3)
@@ -119,6 +120,7 @@ sys.stdin.read()  # until the test closes our stdin
 """
 
 
+@pytest.mark.acceptance
 def test_a_checkpoint_held_mapped_is_reported_not_cold(receiver, tmp_path):
     """Another process maps B's shards and has touched every page: the kernel keeps mapped
     pages whatever the advice, so the eviction cannot take; the run must say so."""

@@ -62,6 +62,7 @@ def _named(spans, name):
     return [s for s in spans if s["name"] == name]
 
 
+@pytest.mark.acceptance
 def test_replay_restart_driver_traces_the_switch_end_to_end(receiver, tmp_path, vllm_plugin):
     # B's checkpoint sits on "slow storage": a plugin slows every shard read.
     slow_b = (f"env PYTHONPATH={shlex.quote(vllm_plugin('ttft_test_slow', SLOW_PLUGIN))} "

@@ -28,7 +28,7 @@ from typing import Any
 
 from otel_ttft import semconv
 from otel_ttft.runtime import config
-from otel_ttft.runtime.telemetry import metrics, sdk_internals
+from otel_ttft.runtime.telemetry import metrics, offload, sdk_internals
 
 logger = logging.getLogger("otel_ttft")
 
@@ -236,7 +236,7 @@ def _harden_tracing(provider: Any) -> bool:
         if batch is None or isinstance(sdk_internals.batch_exporter(batch), CountingExporter):
             continue
         wrapped = sdk_internals.wrap_batch_exporter(
-            batch, lambda inner: CountingExporter(inner, "spans"))
+            batch, lambda inner: CountingExporter(offload.maybe_offload(inner), "spans"))
         if wrapped is None:
             continue
         _wrapped.append(wrapped)

@@ -1,0 +1,129 @@
+"""What the benchmarks read off a running vLLM server from outside, the same way for every arm:
+its processes by role, CPU-seconds (whole process and per thread, from ``/proc``), the event-loop
+thread's context switches (how often it slept and woke), syscalls and bytes through read/write
+(sockets included: the ZMQ traffic between the API server and EngineCore), minor page faults,
+and pausing it (SIGSTOP to its process group) while another arm is measured."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from otel_ttft.tools.replay.server import VllmServer
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def pause(server: VllmServer, paused: bool) -> None:
+    """An idle vLLM still polls its queues: the server not being measured is stopped."""
+    os.killpg(os.getpgid(server.pid), signal.SIGSTOP if paused else signal.SIGCONT)
+    if not paused:
+        time.sleep(0.5)  # let its threads (span export, stats) catch up before measuring
+
+
+def processes(server: VllmServer) -> dict[str, list[int]]:
+    """The server's processes by role: ``api`` (the leader), ``engine`` (EngineCore),
+    ``worker``, ``exporter`` (the API server's span export process, started at its first
+    export), ``other`` (e.g. multiprocessing's resource tracker)."""
+    pgid = os.getpgid(server.pid)
+    roles: dict[str, list[int]] = {"api": [], "engine": [], "worker": [], "exporter": [],
+                                   "other": []}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1: stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[2]) != pgid:  # field 5: process group
+            continue
+        pid = int(entry)
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            cmdline = b""
+        role = ("api" if pid == server.pid else "engine" if "Engine" in comm
+                else "worker" if "Worker" in comm
+                else "exporter" if b"offload_sidecar" in cmdline else "other")
+        roles[role].append(pid)
+    return roles
+
+
+def _stat_fields(stat_path: str) -> list[str] | None:
+    try:
+        stat = Path(stat_path).read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2:].split()
+
+
+def _cpu_ticks(stat_path: str) -> int | None:
+    """utime + stime (fields 14 and 15) from a /proc stat file; None when it is gone."""
+    fields = _stat_fields(stat_path)
+    return None if fields is None else int(fields[11]) + int(fields[12])
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """utime + stime of these processes (all their threads), in seconds."""
+    return sum(_cpu_ticks(f"/proc/{pid}/stat") or 0 for pid in pids) / _TICK
+
+
+def thread_cpu(pid: int) -> dict[int, float]:
+    """CPU-seconds per thread id of one process."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return {}
+    ticks = {int(tid): _cpu_ticks(f"/proc/{pid}/task/{tid}/stat") for tid in tids}
+    return {tid: n / _TICK for tid, n in ticks.items() if n is not None}
+
+
+def counters(pid: int) -> dict[str, int]:
+    """Cumulative counters of one process: read/write syscalls and bytes (all threads, sockets
+    included), minor page faults, and its main thread's voluntary/involuntary context switches
+    (vLLM's event loop: each voluntary switch is one sleep in ``epoll_wait``)."""
+    out: dict[str, int] = {}
+    try:
+        for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("rchar", "wchar", "syscr", "syscw"):
+                out[key] = int(value)
+        for line in Path(f"/proc/{pid}/task/{pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
+                out["main_" + key.split("_")[0]] = int(value)
+    except OSError:
+        return out
+    fields = _stat_fields(f"/proc/{pid}/stat")
+    if fields is not None:
+        out["minflt"] = int(fields[7])  # field 10
+    return out
+
+
+def counter_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {k: after[k] - before.get(k, 0) for k in after}
+
+
+def py_spy() -> str:
+    return shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+
+
+def thread_names(pid: int) -> dict[int, str]:
+    """Python thread names by native id (``py-spy dump``), when py-spy is installed."""
+    try:
+        text = subprocess.run([py_spy(), "dump", "--pid", str(pid)], capture_output=True,
+                              text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {pid: "MainThread"}
+    names = {int(m[1]): m[2] for m in re.finditer(r'Thread (?:0x[0-9A-Fa-f]+ )?\(?(\d+)\)?'
+                                                 r'[^"\n]*"([^"]+)"', text)}
+    names.setdefault(pid, "MainThread")
+    return names
