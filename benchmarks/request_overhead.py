@@ -436,16 +436,20 @@ def main() -> None:
     if profiles:
         figures["profile"] = profiles
     print(json.dumps(figures, indent=2))
-    print("\nAPI CPU per request (per second when idle), median of per-round ratios to plain:")
-    for cell, f in figures["cells"].items():
-        row = "  ".join(f"{arm} {f['cpu_api_ratio'][arm]['median']:.3f} "
-                        f"(EngineCore {f['cpu_engine_ratio'][arm]['median']:.3f}"
-                        + (f", throughput {f['throughput_ratio'][arm]['median']:.3f})"
-                           if "throughput_ratio" in f else ")")
-                        for arm in arms if arm != "plain")
-        print(f"  {cell:14s} {row}")
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2))
+
+    def fmt(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3f}"
+
+    print("\nmedian of per-round ratios to plain vLLM (CPU per request; per second when idle):")
+    for cell, f in figures["cells"].items():
+        row = "  ".join(f"{arm}: API {fmt(f['cpu_api_ratio'][arm]['median'])} EngineCore "
+                        f"{fmt(f['cpu_engine_ratio'][arm]['median'])}"
+                        + (f" throughput {fmt(f['throughput_ratio'][arm]['median'])}"
+                           if "throughput_ratio" in f else "")
+                        for arm in arms if arm != "plain")
+        print(f"  {cell:14s} {row}")
 
 
 if __name__ == "__main__":
