@@ -9,8 +9,11 @@ time (its time minus the vLLM call inside it, the timer's own cost subtracted an
 dispatch per call added), the ``generate`` hook over a stand-in async generator when it is
 applied (only with content capture opted in; by default ``generate`` is not wrapped), and the
 OTLP encoding of everything the round produced
-(``encode_spans(...).SerializeToString()`` as the exporter does; one metrics export's encoding
-is reported on its own: it is paid once per export interval, 60 s by default, not per request).
+(the API server's handoff to its export process, ``span_wire.encode``, counted in the all-in
+figure; ``encode_spans(...).SerializeToString()`` as the exporter does, reported as the export
+process's; one metrics export's encoding is reported on its own: it is paid once per export
+interval, 60 s by default, not per request). ``--traced`` gives every request a sampled
+``traceparent``, so every request's span is built, as behind a traced gateway.
 Spans and metrics go through SDK providers as ``opentelemetry-instrument`` sets them up (batch
 span processor). Not counted here: the HTTP send (the end-to-end benchmark counts
 everything). Plain vLLM's time on the same code paths is the denominator of the ratios. Two
@@ -28,6 +31,7 @@ import argparse
 import asyncio
 import gc
 import json
+import random
 import time
 from dataclasses import dataclass, replace
 
@@ -45,6 +49,7 @@ from otel_ttft.runtime.hooks import request
 from otel_ttft.runtime.hooks.registry import Hook, HookSet
 from otel_ttft.runtime.hooks.request import api as request_api
 from otel_ttft.runtime.instrumentor import disabled_hooks
+from otel_ttft.runtime.telemetry import span_wire
 from otel_ttft.tools.tiny_model import ensure_tiny_model
 
 # This thread's CPU time, not wall time: on a shared machine, time spent descheduled is not ours.
@@ -74,22 +79,28 @@ def install_providers() -> TracerProvider:
     return provider
 
 
-def encode_round(provider: TracerProvider) -> tuple[float, float, int, int]:
-    """Seconds to OTLP-encode what this round exported: its spans, and one metrics collection
-    (a per-export cost, whatever the number of requests); how many spans and span bytes."""
+def encode_round(provider: TracerProvider) -> tuple[float, float, float, int, int]:
+    """Seconds to hand this round's spans to the export process (``span_wire``: what the API
+    server pays by default) and to OTLP-encode them (what the export process pays, or the API
+    server with ``OTEL_TTFT_EXPORT_OFFLOAD=false``), and one metrics collection's encoding (a
+    per-export cost, whatever the number of requests); how many spans and OTLP span bytes."""
     provider.force_flush()
     spans, SPANS.spans = SPANS.spans, []
     data = READER.get_metrics_data()
-    span_s = metric_s = float("inf")
+    handoff_s = span_s = metric_s = float("inf")
     size = 0
     for _ in range(3):  # deterministic work: the fastest of three drops the machine's noise
         t0 = _clock()
-        size = len(encode_spans(spans).SerializeToString()) if spans else 0
+        if spans:
+            span_wire.encode(spans)
         t1 = _clock()
+        size = len(encode_spans(spans).SerializeToString()) if spans else 0
+        t2 = _clock()
         if data is not None:
             encode_metrics(data).SerializeToString()
-        span_s, metric_s = min(span_s, t1 - t0), min(metric_s, _clock() - t1)
-    return span_s, metric_s, len(spans), size
+        handoff_s, span_s = min(handoff_s, t1 - t0), min(span_s, t2 - t1)
+        metric_s = min(metric_s, _clock() - t2)
+    return handoff_s, span_s, metric_s, len(spans), size
 
 
 @dataclass
@@ -135,6 +146,9 @@ def build(model_dir: str, n_requests: int):
     return fresh
 
 
+TRACED = False  # --traced: every request arrives with a sampled traceparent
+
+
 def run_batch(fresh, n_requests: int, n_tokens: int, seed: int) -> Timing:
     from vllm.sampling_params import RequestOutputKind, SamplingParams
     from vllm.v1.engine import EngineCoreRequest
@@ -154,7 +168,9 @@ def run_batch(fresh, n_requests: int, n_tokens: int, seed: int) -> Timing:
         core_req = EngineCoreRequest(
             request_id=rid, prompt_token_ids=prompt, mm_features=None, sampling_params=params,
             pooling_params=None, arrival_time=time.time(), lora_request=None, cache_salt=None,
-            data_parallel_rank=None, external_req_id=rid)
+            data_parallel_rank=None, external_req_id=rid,
+            trace_headers={"traceparent": f"00-{random.getrandbits(128):032x}-"
+                                          f"{random.getrandbits(64):016x}-01"} if TRACED else None)
         queue = RequestOutputCollector(RequestOutputKind.DELTA, rid)
         queues.append(queue)
         t0 = _clock()
@@ -333,11 +349,12 @@ def measure(fresh, provider: TracerProvider, n: int, tokens: int, rounds: int) -
                 plain.append(timing)
                 continue
             hooks.remove()
-            encode_s, metrics_s, spans, size = encode_round(provider)
+            handoff_s, encode_s, metrics_s, spans, size = encode_round(provider)
             cost = {side: meter.own.get(side, 0.0) + meter.calls.get(side, 0) * (wrapt_s - timer_s)
                     for side in ("api_server", "engine_core")}
             ours.append({"api_s": cost["api_server"] + timing.close_s,
-                         "engine_s": cost["engine_core"], "encode_s": encode_s,
+                         "engine_s": cost["engine_core"], "encode_s": handoff_s,
+                         "otlp_encode_s": encode_s,
                          "metrics_s": metrics_s,
                          "spans": spans, "bytes": size,
                          "steps": timing.request_steps})
@@ -358,7 +375,8 @@ def measure(fresh, provider: TracerProvider, n: int, tokens: int, rounds: int) -
         "output_tokens": tokens,
         "api_us_per_request_hooks_spans_metrics": api * 1e6,
         "api_us_per_request_generate_hook": pt * 1e6,
-        "api_us_per_request_otlp_span_encoding": enc * 1e6,
+        "api_us_per_request_span_handoff": enc * 1e6,
+        "export_process_us_per_request_otlp_span_encoding": fastest["otlp_encode_s"] / n * 1e6,
         "api_us_per_metrics_export_encoding": best(ours, "metrics_s") * 1e6,
         "api_us_per_request_all_in": all_in * 1e6,
         "api_us_per_request_plain_vllm": plain_api * 1e6,
@@ -385,8 +403,12 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=128)
     ap.add_argument("--tokens", default="16,256", help="output lengths, comma-separated")
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--traced", action="store_true",
+                    help="every request with a sampled traceparent (its span is built)")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
+    global TRACED
+    TRACED = args.traced
 
     provider = install_providers()
     fresh = build(str(ensure_tiny_model()), args.requests)
