@@ -47,6 +47,7 @@ ELIGIBLE = {
     "opentelemetry.exporter.otlp.proto.http.trace_exporter:OTLPSpanExporter",
     "opentelemetry.exporter.otlp.proto.grpc.trace_exporter:OTLPSpanExporter",
 }
+SIDECAR_MODULE = "otel_ttft.runtime.telemetry.offload_sidecar"
 _HEADER = struct.Struct("!I")
 _ANSWER_GRACE_S = 5.0  # beyond the exporter's own timeout (its retries are bounded by it)
 
@@ -115,8 +116,7 @@ class OffloadedSpanExporter:
                  if p and "auto_instrumentation" not in p]
         env["PYTHONPATH"] = os.pathsep.join(paths)
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "otel_ttft.runtime.telemetry.offload_sidecar",
-             class_path(self._inner)],
+            [sys.executable, "-m", SIDECAR_MODULE, class_path(self._inner)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
         os.set_blocking(self._proc.stdin.fileno(), False)
         return self._proc
