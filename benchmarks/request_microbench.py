@@ -5,8 +5,9 @@ tokenizer (API side) run a fixed batch of requests to completion, the model repl
 one token per finished prefill", with and without our hooks (interleaved rounds).
 
 Our cost is measured directly, not as a difference of two noisy totals: each hook wrapper's own
-time (its time minus the vLLM call inside it, the timer's own cost subtracted and wrapt's
-dispatch per call added), the ``generate`` hook over a stand-in async generator when it is
+time (its time minus the vLLM call inside it, the timer's own cost subtracted and the registry's
+guard per call added: wrapt's dispatch and the guard's own frames, measured per guard kind), the
+``generate`` hook over a stand-in async generator when it is
 applied (only with content capture opted in; by default ``generate`` is not wrapped), and the
 OTLP encoding of everything the round produced
 (the API server's handoff to its export process, ``span_wire.encode``, counted in the all-in
@@ -22,7 +23,13 @@ Every timer reads this thread's CPU time (``time.thread_time``), so that time sp
 on a shared machine is not counted; fastest round of each (ours: hooks, spans, metrics and the
 encoding of the same round's spans together), as the remaining noise only ever adds.
 
+By default all requests are admitted at once (128 outputs per engine step, so what our hooks do
+per step is shared by 128 requests); ``--in-flight N`` keeps at most N in the engine, a new one
+admitted as one ends, as the end-to-end benchmark's closed loop at concurrency N does: at 1, each
+streamed token is a step of its own, and per-step costs count per token.
+
 Usage: python benchmarks/request_microbench.py [--requests 128] [--tokens 16,256] [--rounds 9]
+       [--in-flight N] [--traced]
 """
 
 from __future__ import annotations
@@ -32,10 +39,12 @@ import asyncio
 import gc
 import json
 import random
+import sys
 import time
 from dataclasses import dataclass, replace
 
 import torch
+from hook_meter import Meter, guard_overhead
 from opentelemetry import metrics, trace
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -46,8 +55,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 
 from otel_ttft.runtime import config
 from otel_ttft.runtime.hooks import request
-from otel_ttft.runtime.hooks.registry import Hook, HookSet
+from otel_ttft.runtime.hooks.registry import HookSet
 from otel_ttft.runtime.hooks.request import api as request_api
+from otel_ttft.runtime.hooks.request import state
 from otel_ttft.runtime.instrumentor import disabled_hooks
 from otel_ttft.runtime.telemetry import span_wire
 from otel_ttft.tools.tiny_model import ensure_tiny_model
@@ -147,6 +157,7 @@ def build(model_dir: str, n_requests: int):
 
 
 TRACED = False  # --traced: every request arrives with a sampled traceparent
+IN_FLIGHT = 0  # --in-flight N: at most N requests in the engine at once (0: all admitted at once)
 
 
 def run_batch(fresh, n_requests: int, n_tokens: int, seed: int) -> Timing:
@@ -162,16 +173,20 @@ def run_batch(fresh, n_requests: int, n_tokens: int, seed: int) -> Timing:
     params = SamplingParams(max_tokens=n_tokens, min_tokens=n_tokens, ignore_eos=True,
                             temperature=0, output_kind=RequestOutputKind.DELTA)
     queues = []
+    core_reqs = []
     for i in range(n_requests):
         rid = f"r{seed}-{i}"
         prompt = [(seed * 7919 + i * 31 + j) % 2000 + 10 for j in range(32 + (i % 4) * 64)]
-        core_req = EngineCoreRequest(
+        core_reqs.append(EngineCoreRequest(
             request_id=rid, prompt_token_ids=prompt, mm_features=None, sampling_params=params,
             pooling_params=None, arrival_time=time.time(), lora_request=None, cache_salt=None,
             data_parallel_rank=None, external_req_id=rid,
             trace_headers={"traceparent": f"00-{random.getrandbits(128):032x}-"
-                                          f"{random.getrandbits(64):016x}-01"} if TRACED else None)
-        queue = RequestOutputCollector(RequestOutputKind.DELTA, rid)
+                                          f"{random.getrandbits(64):016x}-01"} if TRACED else None))
+
+    def admit(core_req) -> None:
+        core_req.arrival_time = time.time()  # admitted now (a closed loop's next request)
+        queue = RequestOutputCollector(RequestOutputKind.DELTA, core_req.request_id)
         queues.append(queue)
         t0 = _clock()
         processor.add_request(core_req, None, None, 0, queue)
@@ -180,6 +195,11 @@ def run_batch(fresh, n_requests: int, n_tokens: int, seed: int) -> Timing:
         t2 = _clock()
         timing.api_s += t1 - t0
         timing.engine_s += t2 - t1
+
+    limit = IN_FLIGHT or n_requests
+    waiting = list(reversed(core_reqs))
+    while waiting and len(scheduler.requests) < limit:
+        admit(waiting.pop())
     step = 0
     while scheduler.has_requests():
         t0 = _clock()
@@ -204,6 +224,8 @@ def run_batch(fresh, n_requests: int, n_tokens: int, seed: int) -> Timing:
         for q in queues:
             q.get_nowait()
         step += 1
+        while waiting and len(scheduler.requests) < limit:  # a closed loop: one ends, one comes
+            admit(waiting.pop())
     # Requests are emitted when they end (no event loop here: at once, not once their queue was
     # read); any record still open is closed as a disconnect would.
     t0 = _clock()
@@ -227,6 +249,57 @@ class _StandIn:
     async def generate(self, prompt, sampling_params, request_id, **kwargs):
         for o in self.outs:
             yield o
+
+
+class _Front:
+    """Stands in for starlette's ``StreamingResponse`` and ``AsyncLLM.add_request``: the HTTP
+    side of one streamed request (a start message, one body chunk per output and the last one),
+    so that the hooks there (``request.flush``: a box per response and a ``send`` in front of
+    every chunk; ``request.caller``: the caller's headers) are timed through the registry."""
+
+    def add_request(self, request_id, prompt, params, arrival_time=None, lora_request=None,
+                    tokenization_kwargs=None, trace_headers=None):
+        return None
+
+    async def stream_response(self, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for i in range(self.n_outputs):
+            if i == 1:  # the first output reached the API process: its chunk is timed
+                box = state.FLUSH.get()
+                if box is not None:
+                    box.armed = True
+            await send({"type": "http.response.body", "body": b"data: {}\n\n",
+                        "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _front_end(n_outputs: int, rounds: int) -> float:
+    """Seconds per request added by the HTTP-side hooks (``request.flush``, ``request.caller``)
+    to stand-ins with vLLM's and starlette's signatures, applied through the registry."""
+    front = _Front()
+    front.n_outputs = n_outputs
+
+    async def send(message):
+        return None
+
+    async def timed() -> float:
+        t0 = _clock()
+        for i in range(rounds):
+            front.add_request(f"f{i}", "p", None, trace_headers=None)
+            await front.stream_response(send)
+        return _clock() - t0
+
+    targets = {"request.flush": "_Front.stream_response", "request.caller": "_Front.add_request"}
+    hooks = [replace(h, target=f"{__name__}:{targets[h.name]}", applied=False)
+             for h in request.HOOKS if h.name in targets]
+    plain, hooked = [], []
+    for _ in range(3):
+        plain.append(await timed())
+        hook_set = HookSet([replace(h, applied=False) for h in hooks])
+        hook_set.apply_to(sys.modules[__name__])
+        hooked.append(await timed())
+        hook_set.remove(sys.modules[__name__])
+    return (min(hooked) - min(plain)) / rounds
 
 
 async def _passthrough(n_outputs: int, rounds: int) -> float:
@@ -265,73 +338,11 @@ async def _passthrough(n_outputs: int, rounds: int) -> float:
     return (min(hooked) - min(plain)) / rounds
 
 
-class Meter:
-    """Own time of the hook wrappers (their time minus the vLLM call inside), per process side."""
-
-    def __init__(self) -> None:
-        self.own: dict[str, float] = {}
-        self.calls: dict[str, int] = {}
-
-    def timed(self, hook: Hook) -> Hook:
-        wrapper, side = hook.wrapper, hook.process
-
-        def run(wrapped, instance, args, kwargs):
-            inner = 0.0
-
-            def call(*a, **k):
-                nonlocal inner
-                t = _clock()
-                try:
-                    return wrapped(*a, **k)
-                finally:
-                    inner += _clock() - t
-
-            t0 = _clock()
-            try:
-                return wrapper(call, instance, args, kwargs)
-            finally:
-                self.own[side] = self.own.get(side, 0.0) + _clock() - t0 - inner
-                self.calls[side] = self.calls.get(side, 0) + 1
-
-        return replace(hook, wrapper=run, applied=False)
-
-
-def _per_call_overhead() -> tuple[float, float]:
-    """The timer's own cost per timed call (subtracted), and wrapt's dispatch per call (added:
-    a wrapped method costs that much more even when the wrapper does nothing)."""
-    import wrapt
-
-    def noop(*a, **k):
-        return None
-
-    def through(wrapped, instance, args, kwargs):
-        return wrapped(*args, **kwargs)
-
-    meter = Meter()
-    timed = wrapt.FunctionWrapper(noop, meter.timed(Hook("t", "m:f", through, process="x")).wrapper)
-    plain_wrapped = wrapt.FunctionWrapper(noop, through)
-    n = 20000
-    best_timer, best_wrapt = float("inf"), float("inf")
-    for _ in range(5):
-        meter.own.clear()
-        for _ in range(n):
-            timed()
-        best_timer = min(best_timer, meter.own["x"] / n)
-        t0 = _clock()
-        for _ in range(n):
-            plain_wrapped()
-        t1 = _clock()
-        for _ in range(n):
-            noop()
-        best_wrapt = min(best_wrapt, ((t1 - t0) - (_clock() - t1)) / n)
-    return best_timer, max(best_wrapt, 0.0)
-
-
 def measure(fresh, provider: TracerProvider, n: int, tokens: int, rounds: int) -> dict:
     """Our own time, measured directly (hook wrappers minus the vLLM calls inside them, the
     ``generate`` hook over a stand-in, OTLP encoding of what was produced), next to plain vLLM's
     time on the same code paths (runs without hooks, interleaved)."""
-    timer_s, wrapt_s = _per_call_overhead()
+    timer_s, guard_s = guard_overhead()
     skipped = disabled_hooks(request.HOOKS, config.current)  # as the instrumentor leaves out
     plain: list[Timing] = []
     ours: list[dict] = []
@@ -350,7 +361,7 @@ def measure(fresh, provider: TracerProvider, n: int, tokens: int, rounds: int) -
                 continue
             hooks.remove()
             handoff_s, encode_s, metrics_s, spans, size = encode_round(provider)
-            cost = {side: meter.own.get(side, 0.0) + meter.calls.get(side, 0) * (wrapt_s - timer_s)
+            cost = {side: meter.own.get(side, 0.0) + meter.guard_s(side, guard_s)
                     for side in ("api_server", "engine_core")}
             ours.append({"api_s": cost["api_server"] + timing.close_s,
                          "engine_s": cost["engine_core"], "encode_s": handoff_s,
@@ -360,6 +371,7 @@ def measure(fresh, provider: TracerProvider, n: int, tokens: int, rounds: int) -
                          "steps": timing.request_steps})
     # Without content capture (the default) ``generate`` is not wrapped at all.
     pt = 0.0 if "request.generate" in skipped else asyncio.run(_passthrough(tokens, 2000))
+    front = asyncio.run(_front_end(tokens, 2000))
 
     def best(rows, key):
         """Fastest round: the noise on a shared 2-core machine only ever adds time."""
@@ -370,11 +382,12 @@ def measure(fresh, provider: TracerProvider, n: int, tokens: int, rounds: int) -
     fastest = min(ours, key=lambda row: row["api_s"] + row["encode_s"])
     api, enc, eng = fastest["api_s"] / n, fastest["encode_s"] / n, best(ours, "engine_s")
     plain_api, plain_eng = best(plain, "api_s") / n, best(plain, "engine_s") / n
-    all_in = api + pt + enc
+    all_in = api + pt + front + enc
     return {
         "output_tokens": tokens,
         "api_us_per_request_hooks_spans_metrics": api * 1e6,
         "api_us_per_request_generate_hook": pt * 1e6,
+        "api_us_per_request_http_side_hooks": front * 1e6,
         "api_us_per_request_span_handoff": enc * 1e6,
         "export_process_us_per_request_otlp_span_encoding": fastest["otlp_encode_s"] / n * 1e6,
         "api_us_per_metrics_export_encoding": best(ours, "metrics_s") * 1e6,
@@ -386,7 +399,8 @@ def measure(fresh, provider: TracerProvider, n: int, tokens: int, rounds: int) -
         # every round's all-in (hooks, spans, metrics, encoding), us per request, and its spans:
         # the fastest round may be one without a span tree (the policy's trees are ~1-2 %)
         "api_us_per_request_all_in_by_round": [
-            round((row["api_s"] + row["encode_s"]) / n * 1e6 + pt * 1e6, 1) for row in ours],
+            round((row["api_s"] + row["encode_s"]) / n * 1e6 + (pt + front) * 1e6, 1)
+            for row in ours],
         "spans_per_request_by_round": [row["spans"] / n for row in ours],
         "api_us_per_request_plain_vllm_by_round": [round(row.api_s / n * 1e6, 1) for row in plain],
         "otlp_bytes_per_request": fastest["bytes"] / n,
@@ -394,7 +408,7 @@ def measure(fresh, provider: TracerProvider, n: int, tokens: int, rounds: int) -
         "engine_us_per_scheduled_request_step": eng / ours[-1]["steps"] * 1e6,
         "engine_us_per_request_plain_vllm": plain_eng * 1e6,
         "engine_ratio": (plain_eng + eng / n) / plain_eng,
-        "wrapt_dispatch_us_per_call": wrapt_s * 1e6,
+        "guard_us_per_call": {kind: round(v * 1e6, 3) for kind, v in guard_s.items()},
     }
 
 
@@ -405,10 +419,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--traced", action="store_true",
                     help="every request with a sampled traceparent (its span is built)")
+    ap.add_argument("--in-flight", type=int, default=0,
+                    help="at most N requests in the engine at once, a new one as one ends (as "
+                         "the end-to-end benchmark's closed loop cN with --max-num-seqs >= N: "
+                         "one output per step at 1, so per-step costs count per token); 0: all "
+                         "admitted at once")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
-    global TRACED
-    TRACED = args.traced
+    global TRACED, IN_FLIGHT
+    TRACED, IN_FLIGHT = args.traced, args.in_flight
 
     provider = install_providers()
     fresh = build(str(ensure_tiny_model()), args.requests)
@@ -419,7 +438,8 @@ def main() -> None:
     hooks.remove()
     lengths = [int(t) for t in args.tokens.split(",")]
     results = [measure(fresh, provider, args.requests, t, args.rounds) for t in lengths]
-    figures: dict = {"requests": args.requests, "rounds": args.rounds, "by_length": results}
+    figures: dict = {"requests": args.requests, "rounds": args.rounds,
+                     "in_flight": args.in_flight or args.requests, "by_length": results}
     if len(results) >= 2:  # all-in = per request + per output x output tokens
         a, b = results[0], results[-1]
         per_out = ((b["api_us_per_request_all_in"] - a["api_us_per_request_all_in"])

@@ -11,12 +11,20 @@ of the three arms; the two servers not being measured are paused (SIGSTOP to the
 group: an idle vLLM still polls its queues).
 
 The figure that matters is **CPU-seconds per request** of each server process (API server,
-EngineCore, worker) from ``/proc/<pid>/stat`` around each run plus a short settle window; each
+EngineCore, worker), read from each process's POSIX CPU clock (nanoseconds; ``/proc``'s ticks are
+10 ms, a 1.7 % step at 100 requests of 6 ms) around each run plus a short settle window; each
 arm's figure is divided by plain vLLM's of the same round and cell, and the median of those
-per-round ratios is reported (the per-round ratios beside it). The exporters keep the SDK's
-defaults (a span batch every 5 s or 512 spans): a batch still queued when a run ends goes out at
-the start of that arm's next run, so over the rounds every span's encoding and sending is
-counted.
+per-round ratios is reported with its distribution-free 95 % interval and the per-round ratios
+beside it. The exporters keep the SDK's defaults (a span batch every 5 s or 512 spans): a batch
+still queued when a run ends goes out at the start of that arm's next run, so over the rounds
+every span's encoding and sending is counted.
+
+**Placement** (``--pin API:REST``, default ``0:1`` on a machine of two or more CPUs): each API
+server alone on the first CPU list, as on a GPU host where it has a core of its own; EngineCore,
+the worker (``VLLM_CPU_OMP_THREADS_BIND``), the export process and this client on the other.
+Left to the kernel, the API server moves between sharing a core with EngineCore's busy loop and
+having one to itself, and the same server's API CPU per request then swings between about 3.5
+and 5.7 ms from one run to the next (c4 here): more than any effect this benchmark looks for.
 
 For the accounting (where the API process's CPU goes, beyond what a Python profiler sees), each
 run also records per request: the API server's CPU per thread (its main thread runs vLLM's event
@@ -28,9 +36,9 @@ ZMQ traffic to EngineCore), minor page faults; with ``--probe``, every server ru
 collapsed stacks, native frames included), summarised by the share of samples in our code, in
 the SDK and exporter, and in vLLM.
 
-Usage: python benchmarks/request_overhead.py [--rounds 6] [--requests 300]
+Usage: python benchmarks/request_overhead.py [--rounds 12] [--requests 100]
        [--loads c1,c4,c16,r12] [--upstream untraced,traced] [--arms plain,sdk,ours]
-       [--max-tokens 16] [--probe] [--profile DIR] [--json FILE]
+       [--max-tokens 16] [--pin 0:1] [--probe] [--profile DIR] [--json FILE]
 """
 
 from __future__ import annotations
@@ -42,25 +50,26 @@ import os
 import random
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from overhead_figures import cell_figures
 from server_counters import (
     counter_delta,
     counters,
     cpu_seconds,
     pause,
+    pin,
     processes,
     py_spy,
     thread_cpu,
     thread_names,
 )
+from spy_summary import summarise
 
 from otel_ttft.tools.replay.server import VllmServer
 from otel_ttft.tools.sink.receiver import OTLPReceiver
@@ -156,6 +165,37 @@ def run(server: VllmServer, model: str, prompts: list[list[int]], max_tokens: in
             "ttft_s": [t for t, _ in results], "requests": len(results)}
 
 
+def parse_pin(text: str) -> tuple[set[int], set[int]] | None:
+    """``API:REST`` CPU lists (``0:1``, ``0:1-3``), or None for no pinning."""
+    if not text:
+        return None
+
+    def cpus(part: str) -> set[int]:
+        out: set[int] = set()
+        for item in part.split(","):
+            lo, _, hi = item.partition("-")
+            out.update(range(int(lo), int(hi or lo) + 1))
+        return out
+
+    api, sep, rest = text.partition(":")
+    if not sep:
+        raise SystemExit(f"--pin {text!r}: API:REST, e.g. 0:1")
+    placement = cpus(api), cpus(rest)
+    if placement[0] & placement[1] or not placement[0] | placement[1] <= os.sched_getaffinity(0):
+        raise SystemExit(f"--pin {text!r}: two disjoint CPU lists among "
+                         f"{sorted(os.sched_getaffinity(0))}")
+    return placement
+
+
+def place(server: VllmServer, placement: tuple[set[int], set[int]]) -> None:
+    """The API server alone on its CPUs, as on a GPU host where it has a core of its own; the rest
+    of the server (EngineCore, worker, export process) beside the client. Without it the kernel
+    moves the API server between sharing a core with EngineCore's busy loop and having one to
+    itself, and the same run's API CPU per request then differs by 30-80 %."""
+    for role, pids in processes(server).items():
+        pin(pids, placement[0] if role == "api" else placement[1])
+
+
 def probe_counts(server: VllmServer, path: Path) -> dict | None:
     """The API server's garbage-collection counts so far (``api_probe.py``), if it runs one."""
     path.unlink(missing_ok=True)
@@ -187,11 +227,6 @@ def measured_run(server: VllmServer, model: str, prompts: list[list[int]], max_t
             res["gc"] = {key: [a - b for a, b in zip(gc_after[key], gc_before[key], strict=True)]
                          for key in ("collections", "gc_cpu_s", "collected")}
     return res
-
-
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
 def profile(server: VllmServer, roles: dict[str, list[int]], model: str,
@@ -226,112 +261,10 @@ def profile(server: VllmServer, roles: dict[str, list[int]], model: str,
     return summaries
 
 
-_BUCKETS = (  # first match, innermost frame first: who is on CPU
-    ("otel_ttft", "/otel_ttft/"),
-    ("otel_exporter", "opentelemetry/exporter/"),
-    ("otel_proto_encode", "google/protobuf/"),
-    ("otel_sdk", "opentelemetry/sdk/"),
-    ("otel_api", "opentelemetry/"),
-    ("wrapt", "/wrapt/"),
-)
-
-
-def summarise(path: Path, top: int = 25) -> dict:
-    """Share of on-CPU samples by owner: innermost Python frame's package, our code counted
-    wherever it sits on the stack (what we call runs on our behalf), plus the top leaves (native
-    frames included) and what our frames call most."""
-    owners: Counter[str] = Counter()
-    ours: Counter[str] = Counter()
-    leaves: Counter[str] = Counter()
-    threads: Counter[str] = Counter()
-    total = 0
-    for line in path.read_text(errors="replace").splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not count.isdigit():
-            continue
-        n = int(count)
-        frames = stack.split(";")
-        if frames and "idle" in frames[-1].lower():
-            continue
-        total += n
-        threads[frames[0][:60]] += n
-        leaves[frames[-1][:120]] += n
-        python = [f for f in frames if ".py:" in f]
-        leaf = python[-1] if python else frames[-1]
-        owner = next((name for name, key in _BUCKETS if key in leaf), None)
-        if owner is None:
-            owner = next((name for name, key in _BUCKETS[:4] if any(key in f for f in frames)),
-                         "vllm_and_rest")
-        owners[owner] += n
-        entry = next((f for f in frames if "/otel_ttft/" in f), None)
-        if entry is not None:
-            ours[entry[:120]] += n
-    share = {k: round(100 * v / total, 2) for k, v in owners.most_common()} if total else {}
-    return {"samples": total, "owner_pct": share,
-            "threads_pct": {k: round(100 * v / total, 2) for k, v in threads.most_common(8)},
-            "our_entry_points_pct": {k: round(100 * v / total, 2)
-                                     for k, v in ours.most_common(top)},
-            "top_leaves_pct": {k: round(100 * v / total, 2) for k, v in leaves.most_common(top)}}
-
-
-def cell_figures(results: list[dict], arms: list[str], names: dict) -> dict:
-    """One (load, upstream) cell: per-round ratios to plain and their median, per process; the
-    API server's threads and counters per request (per second when idle); throughput and
-    client TTFT."""
-    rounds: dict[str, list[dict]] = {arm: [r for r in results if r["arm"] == arm] for arm in arms}
-    idle = not results[0]["requests"]
-
-    def per(r: dict) -> float:
-        """What a figure is divided by: requests, or seconds of an idle run."""
-        return r["wall_s"] if idle else r["requests"]
-
-    def per_req(arm: str, role: str) -> list[float]:
-        return [r["cpu_s"][role] / per(r) * 1e3 for r in rounds[arm]]
-
-    def ratio(arm: str, values: dict[str, list[float]]) -> dict:
-        a, b = values[arm], values["plain"]
-        if not any(b):  # no such process in plain vLLM (the export process): no ratio
-            return {"per_round": [], "median": None}
-        pairs = [x / y for x, y in zip(a, b, strict=True) if y]
-        return {"per_round": [round(p, 3) for p in pairs],
-                "median": round(statistics.median(pairs), 4) if pairs else None}
-
-    out: dict = {"unit": "per second (idle)" if idle else "per request"}
-    for role in ("api", "engine", "worker", "exporter"):
-        values = {arm: per_req(arm, role) for arm in arms}
-        out[f"cpu_{role}_ms"] = {arm: [round(v, 3) for v in values[arm]]
-                                             for arm in arms}
-        out[f"cpu_{role}_ratio"] = {arm: ratio(arm, values) for arm in arms if arm != "plain"}
-    if not idle:
-        rps = {arm: [r["requests"] / r["wall_s"] for r in rounds[arm]] for arm in arms}
-        out["throughput_req_s"] = {arm: round(statistics.median(rps[arm]), 2) for arm in arms}
-        out["throughput_ratio"] = {arm: ratio(arm, rps) for arm in arms if arm != "plain"}
-        ttft = {arm: [t for r in rounds[arm] for t in r["ttft_s"]] for arm in arms}
-        out["ttft_p50_ratio"] = {arm: round(pct(ttft[arm], .5) / pct(ttft["plain"], .5), 4)
-                                 for arm in arms if arm != "plain"}
-    per_request: dict[str, dict[str, float]] = {}
-    for arm in arms:
-        c: Counter[str] = Counter()
-        for r in rounds[arm]:
-            share = 1 / per(r) / len(rounds[arm])
-            for key, value in r["api_counters"].items():
-                c[key] += value * share
-            for tid, sec in r["api_threads_s"].items():
-                c["cpu_ms:" + names[arm].get(tid, "other threads")] += sec * 1e3 * share
-            for key in ("collections", "gc_cpu_s"):
-                for gen, value in enumerate(r.get("gc", {}).get(key, ())):
-                    scale = 1e3 if key == "gc_cpu_s" else 1
-                    c[f"gc_{'cpu_ms' if scale > 1 else 'collections'}_gen{gen}"] += (
-                        value * scale * share)
-        per_request[arm] = {k: round(v, 4) for k, v in sorted(c.items())}
-    out["api_counters_mean"] = per_request
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=6, help="rounds; arm order rotates")
-    ap.add_argument("--requests", type=int, default=300, help="requests per run")
+    ap.add_argument("--rounds", type=int, default=12, help="rounds; arm order rotates")
+    ap.add_argument("--requests", type=int, default=100, help="requests per run")
     ap.add_argument("--loads", default="c1,c4,c16,r12",
                     help="comma list: cN closed loop at concurrency N, rR open loop R req/s")
     ap.add_argument("--upstream", default="untraced,traced", help="untraced, traced or both")
@@ -344,8 +277,13 @@ def main() -> None:
     ap.add_argument("--profile", help="directory: unmeasured runs of ours under py-spy --native")
     ap.add_argument("--env", action="append", default=[],
                     help="KEY=VALUE for the ours server (repeatable)")
+    ap.add_argument("--pin", default="0:1" if (os.cpu_count() or 1) >= 2 else "",
+                    help="API:REST CPU lists (e.g. 0:1): each API server alone on API, its "
+                         "EngineCore, worker and export process and this client on REST; '' "
+                         "leaves placement to the kernel")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
+    placement = parse_pin(args.pin)
     args.loads = [x for x in args.loads.split(",") if x]
     for load in args.loads:
         parse_load(load)
@@ -364,6 +302,8 @@ def main() -> None:
     for arm in arms:
         env = {**ARM_ENV[arm], **(extra if arm == "ours" else {}),
                "BENCH_PROBE_FILE": str(work / f"{arm}.gc.json")}
+        if placement:  # vLLM-CPU binds its worker's OpenMP threads itself
+            env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(placement[1])))
         if arm != "plain":
             env["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.http_endpoint
         server = VllmServer(model_dir, instrument=arm != "plain", env=env,
@@ -383,6 +323,10 @@ def main() -> None:
     try:
         for server in servers.values():
             server.start()
+        if placement:
+            pin([os.getpid()], placement[1])
+            for server in servers.values():
+                place(server, placement)
         roles = {arm: processes(s) for arm, s in servers.items()}
         for server in servers.values():  # a warm-up run each, discarded
             run(server, model, prompts[:16], args.max_tokens, "c4", False)
@@ -395,6 +339,8 @@ def main() -> None:
                 for arm in orders[r % len(orders)]:
                     server = servers[arm]
                     pause(server, False)
+                    if placement:  # the export process starts at the first export
+                        place(server, placement)
                     try:
                         res = measured_run(server, model, prompts, args.max_tokens,
                                            cell[0], cell[1] == "traced", args.settle_s,
@@ -444,7 +390,9 @@ def main() -> None:
 
     print("\nmedian of per-round ratios to plain vLLM (CPU per request; per second when idle):")
     for cell, f in figures["cells"].items():
-        row = "  ".join(f"{arm}: API {fmt(f['cpu_api_ratio'][arm]['median'])} EngineCore "
+        row = "  ".join(f"{arm}: API {fmt(f['cpu_api_ratio'][arm]['median'])} "
+                        f"[{fmt(f['cpu_api_ratio'][arm]['median_95ci'][0])}-"
+                        f"{fmt(f['cpu_api_ratio'][arm]['median_95ci'][1])}] EngineCore "
                         f"{fmt(f['cpu_engine_ratio'][arm]['median'])}"
                         + (f" throughput {fmt(f['throughput_ratio'][arm]['median'])}"
                            if "throughput_ratio" in f else "")

@@ -6,6 +6,7 @@ and pausing it (SIGSTOP to its process group) while another arm is measured."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -71,19 +72,53 @@ def _cpu_ticks(stat_path: str) -> int | None:
     return None if fields is None else int(fields[11]) + int(fields[12])
 
 
+def process_cpu_ns(pid: int) -> int | None:
+    """A process's CPU time (all its threads, finished ones included) in nanoseconds, read from
+    its POSIX CPU clock (``clock_getcpuclockid``): ``/proc``'s utime + stime come in 10 ms ticks,
+    which at 150 requests of 4 ms is a 1.7 % step. None when the process is gone."""
+    try:
+        return time.clock_gettime_ns(((~pid) << 3) | 2)  # CPUCLOCK_SCHED of the whole process
+    except OSError:
+        return None
+
+
 def cpu_seconds(pids: list[int]) -> float:
-    """utime + stime of these processes (all their threads), in seconds."""
-    return sum(_cpu_ticks(f"/proc/{pid}/stat") or 0 for pid in pids) / _TICK
+    """CPU time of these processes (all their threads), in seconds: the CPU clock, else utime +
+    stime from ``/proc`` (a kernel without per-process CPU clocks)."""
+    total = 0.0
+    for pid in pids:
+        ns = process_cpu_ns(pid)
+        total += (ns / 1e9 if ns is not None
+                  else (_cpu_ticks(f"/proc/{pid}/stat") or 0) / _TICK)
+    return total
+
+
+def pin(pids: list[int], cpus: set[int]) -> None:
+    """Every thread of these processes onto ``cpus`` (threads they start later inherit it)."""
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            with contextlib.suppress(OSError):  # the thread ended meanwhile
+                os.sched_setaffinity(int(tid), cpus)
 
 
 def thread_cpu(pid: int) -> dict[int, float]:
-    """CPU-seconds per thread id of one process."""
+    """CPU-seconds per thread id of one process (``schedstat``: nanoseconds on a CPU)."""
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return {}
-    ticks = {int(tid): _cpu_ticks(f"/proc/{pid}/task/{tid}/stat") for tid in tids}
-    return {tid: n / _TICK for tid, n in ticks.items() if n is not None}
+    out = {}
+    for tid in tids:
+        try:
+            ns = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0]
+        except (OSError, IndexError):  # the thread ended meanwhile
+            continue
+        out[int(tid)] = int(ns) / 1e9
+    return out
 
 
 def counters(pid: int) -> dict[str, int]:

@@ -23,6 +23,7 @@ from otel_ttft.runtime import config
 from otel_ttft.runtime import environment_variables as env
 from otel_ttft.runtime.hooks.registry import HookSet
 from otel_ttft.runtime.telemetry import spans
+from otel_ttft.tools.sink.child import ReceiverProcess
 from otel_ttft.tools.sink.receiver import OTLPReceiver
 from otel_ttft.tools.sink.store import SpanStore
 from tests.otel_memory import memory_exporter
@@ -76,6 +77,14 @@ def receiver(tmp_path: Path) -> Iterator[OTLPReceiver]:
         yield rx
     finally:
         rx.stop()
+
+
+@pytest.fixture
+def receiver_process(tmp_path: Path) -> Iterator[ReceiverProcess]:
+    """The receiver as ``demo`` and ``verify`` run it: a process of its own, for tests whose
+    client times first chunks (in this process the receiver's work delays their reading)."""
+    with ReceiverProcess(tmp_path / "store") as rx:
+        yield rx
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TextIO
 
-from otel_ttft.tools.sink.receiver import OTLPReceiver
+from otel_ttft.tools.sink.child import ReceiverProcess
 from otel_ttft.tools.sink.store import STORE_FILES, SpanStore
 
 DEFAULT_OUT = Path("out/demo")
@@ -90,8 +90,10 @@ def run_demo(out_dir: str | Path = DEFAULT_OUT, *, keep_going: bool = False,
     except Exception as exc:  # missing transformers/tokenizers, unwritable cache, ...
         say(f"error: could not build the tiny models: {type(exc).__name__}: {exc}")
         return 1
-    store = SpanStore(out_dir)
-    with OTLPReceiver(store, grpc_port=None) as receiver:
+    # In a process of its own: its work on a burst of spans would delay the replay's reading
+    # of first chunks in this one (``sink.child``).
+    with ReceiverProcess(out_dir) as receiver:
+        store = receiver.store
         say(f"OTLP receiver on {receiver.http_endpoint}, storing into {out_dir}")
         argv = ["--driver", "restart", "--out", str(out_dir), "--otlp-endpoint",
                 receiver.http_endpoint, "--start-timeout", str(start_timeout_s)]

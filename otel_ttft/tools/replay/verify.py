@@ -195,17 +195,18 @@ def _main(opts: Options, out: TextIO) -> int:
     except OSError as exc:
         raise VerifyError(f"--out {opts.out}: {exc.strerror or exc}") from None
     vocab, why = knobs.try_vocabulary()
-    from otel_ttft.tools.sink.receiver import OTLPReceiver
-    from otel_ttft.tools.sink.store import STORE_FILES, SpanStore
+    from otel_ttft.tools.sink.child import ReceiverProcess
+    from otel_ttft.tools.sink.store import STORE_FILES
 
     store_dir = opts.out / STORE_DIR
     for name in STORE_FILES:  # a previous verify's store: these runs start a fresh one
         with contextlib.suppress(FileNotFoundError):
             (store_dir / name).unlink()
     records = []
-    store = SpanStore(store_dir)
-    with OTLPReceiver(store, grpc_port=None) as receiver:
-        runner = Runner(doc, setup, opts, receiver.http_endpoint, store, vocab, why, out)
+    # The receiver in a process of its own, as in the demo: the runs' client TTFT is timed here.
+    with ReceiverProcess(store_dir) as receiver:
+        runner = Runner(doc, setup, opts, receiver.http_endpoint, receiver.store, vocab, why,
+                        out)
         for v in verdicts:
             records += runner.verify(v)
     result = {**doc, "verifications": records}

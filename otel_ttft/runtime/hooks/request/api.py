@@ -13,7 +13,7 @@ from opentelemetry import context as otel_context
 from otel_ttft import semconv
 from otel_ttft.runtime import config
 from otel_ttft.runtime.context import process as this_process
-from otel_ttft.runtime.hooks.registry import Hook, Stream, report_failure
+from otel_ttft.runtime.hooks.registry import PASS, Hook, Split, Stream, report_failure
 from otel_ttft.runtime.hooks.request import cold, state
 from otel_ttft.runtime.hooks.request import spans as request_spans
 from otel_ttft.runtime.hooks.request.state import (
@@ -128,10 +128,14 @@ def wrap_add_request(call: Callable[..., Any], instance: Any, args: tuple,
 
 # --- OutputProcessor.process_outputs (hot: every output of every request) ------------------------
 
-def wrap_process_outputs(call: Callable[..., Any], instance: Any, args: tuple,
-                         kwargs: dict) -> Any:
-    ending = _observe(args, kwargs) if live else None
-    result = call(*args, **kwargs)
+def before_process_outputs(instance: Any, args: tuple, kwargs: dict) -> Any:
+    """Ahead of vLLM's step: what the outputs say (nothing to do while no request is ours)."""
+    return _observe(args, kwargs) if live else PASS
+
+
+def after_process_outputs(ending: list[RequestRecord] | None, instance: Any, args: tuple,
+                          kwargs: dict, result: Any) -> None:
+    """After it: the requests this step ended, by their final output or a stop string."""
     stopped = result.reqs_to_abort  # ended by a stop string the detokenizer found
     if ending or stopped:
         states = instance.request_states
@@ -143,7 +147,9 @@ def wrap_process_outputs(call: Callable[..., Any], instance: Any, args: tuple,
         # vLLM freed them (a streaming-input request may take its next chunk instead); its own
         # tracing, if on, ran already: its attributes are ours to carry.
         _end([rec for rec in ending if rec.rid not in states], time.monotonic())
-    return result
+
+
+wrap_process_outputs = Split(before_process_outputs, after_process_outputs)
 
 
 def _observe(args: tuple, kwargs: dict) -> list[RequestRecord] | None:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from otel_ttft import semconv
+from otel_ttft.runtime.hooks.registry import PASS, Split
 from otel_ttft.runtime.hooks.request import payload, worker
 from otel_ttft.runtime.hooks.request.payload import PREEMPTED, SCHEDULED, EnginePayload
 
@@ -61,31 +62,37 @@ def wrap_scheduler_add_request(call: Callable[..., Any], instance: Any, args: tu
 
 # --- Scheduler._get_local_prefix_cache_hit: one admission attempt -------------------------------
 
-def wrap_prefix_lookup(call: Callable[..., Any], instance: Any, args: tuple,
-                       kwargs: dict) -> Any:
+def _count_attempt(instance: Any, args: tuple, kwargs: dict) -> Any:
     """Called once per admission attempt of a request whose KV is not computed yet."""
     if _state:
         st = _state.get((args[0] if args else kwargs["request"]).request_id)
         if st is not None:
             st.attempts += 1
-    return call(*args, **kwargs)
+    return PASS
+
+
+wrap_prefix_lookup = Split(before=_count_attempt)
 
 
 # --- Scheduler.schedule: admission times, only when vLLM records no events -----------------------
 
-def wrap_schedule(call: Callable[..., Any], instance: Any, args: tuple,
-                  kwargs: dict) -> Any:
+def _schedule_started(instance: Any, args: tuple, kwargs: dict) -> Any:
     if not _own_admission_times or not _state or instance.log_stats:
-        return call(*args, **kwargs)
-    scheduled_at = time.monotonic()  # what vLLM stamps its SCHEDULED events with
-    out = call(*args, **kwargs)
+        return PASS
+    return time.monotonic()  # what vLLM stamps its SCHEDULED events with
+
+
+def _note_scheduled(scheduled_at: float, instance: Any, args: tuple, kwargs: dict,
+                    out: Any) -> None:
     ids = [r.req_id for r in out.scheduled_new_reqs]
     ids.extend(out.scheduled_cached_reqs.resumed_req_ids)
     for rid in ids:
         st = _state.get(rid)
         if st is not None:
             st.schedule.append((SCHEDULED, scheduled_at))
-    return out
+
+
+wrap_schedule = Split(_schedule_started, _note_scheduled)
 
 
 # --- Scheduler._preempt_request: only needed when vLLM records no events -------------------------
@@ -104,11 +111,12 @@ def wrap_preempt_request(call: Callable[..., Any], instance: Any, args: tuple,
 
 # --- Scheduler.update_from_output: ship the payload with each request's first output --------------
 
-def wrap_update_from_output(call: Callable[..., Any], instance: Any, args: tuple,
-                            kwargs: dict) -> Any:
-    outputs = call(*args, **kwargs)
-    if not _state and not worker.pending:
-        return outputs
+def _payload_due(instance: Any, args: tuple, kwargs: dict) -> Any:
+    """Nothing to ship while no request waits for its first output and no warm-up is pending."""
+    return None if _state or worker.pending else PASS
+
+
+def _ship_payload(token: None, instance: Any, args: tuple, kwargs: dict, outputs: Any) -> None:
     runner_output = args[1] if len(args) > 1 else kwargs.get("model_runner_output")
     events = getattr(runner_output, worker.WARMUP_ATTR, None) or worker.take_local()
     if events:
@@ -121,7 +129,9 @@ def wrap_update_from_output(call: Callable[..., Any], instance: Any, args: tuple
             headers = dict(out.trace_headers) if out.trace_headers else {}
             headers[semconv.ENGINE_PAYLOAD_HEADER] = payload.encode(st)
             out.trace_headers = headers
-    return outputs
+
+
+wrap_update_from_output = Split(_payload_due, _ship_payload)
 
 
 def _charge_warmup(events: list[tuple[str, int, float, float]]) -> None:

@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from otel_ttft.runtime.hooks.registry import PASS, Split
+
 WARMUP_ATTR = "_otel_ttft_warmup"
 ADAPTER, COMPILE = "a", "c"
 
@@ -71,14 +73,15 @@ class _ResolveAndAttach:
         return _attach(self.get_output())
 
 
-def wrap_enqueue_output(call: Callable[..., Any], instance: Any, args: tuple,
-                        kwargs: dict) -> Any:
+def _attach_pending(instance: Any, args: tuple, kwargs: dict) -> Any:
     """``WorkerProc.enqueue_output``: attach pending warm-up times to the step's output."""
-    if not pending:
-        return call(*args, **kwargs)
-    output = args[0] if args else kwargs["output"]
-    if hasattr(output, "get_output"):  # AsyncModelRunnerOutput: resolved inside vLLM's call
-        output.get_output = _ResolveAndAttach(output.get_output)
-    else:
-        _attach(output)
-    return call(*args, **kwargs)
+    if pending:
+        output = args[0] if args else kwargs["output"]
+        if hasattr(output, "get_output"):  # AsyncModelRunnerOutput: resolved inside vLLM's call
+            output.get_output = _ResolveAndAttach(output.get_output)
+        else:
+            _attach(output)
+    return PASS
+
+
+wrap_enqueue_output = Split(before=_attach_pending)
