@@ -109,8 +109,16 @@ def _environment(receiver) -> tuple[dict, tuple]:
     return env, args
 
 
+@pytest.mark.acceptance
 def test_verdicts_name_the_cause_the_test_made(receiver_process, tiny_model, tmp_path,
                                               capsys):
+    """Not in ``make test``: in about one run of four here, every short request of a run shows
+    its first content ~55 ms (six tokens) after its first token, as ``network``, and the
+    verdicts on 10-70 ms differences drown in it. Client TTFT is the first chunk with content;
+    the tiny random model's short prompt then begins with tokens that carry no text (its special
+    tokens, or bytes of a character not yet whole), and whether it does changes from run to run
+    with the kernels the first request's compile picked (bf16, AMX here). The fix is a tiny
+    model that never emits a token without text; until then this runs in ``make acceptance``."""
     receiver = receiver_process  # in a process of its own: the client below times chunks
     model = str(tiny_model)
     env, args = _environment(receiver)
