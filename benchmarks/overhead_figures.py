@@ -30,7 +30,7 @@ def median_interval(values: list[float], confidence: float = 0.95
     return round(values[k - 1], 4), round(values[n - k], 4)
 
 
-def cell_figures(results: list[dict], arms: list[str], names: dict) -> dict:
+def cell_figures(results: list[dict], arms: list[str]) -> dict:
     """One (load, upstream) cell: per-round ratios to plain and their median, per process; the
     API server's threads and counters per request (per second when idle); throughput and
     client TTFT."""
@@ -44,8 +44,8 @@ def cell_figures(results: list[dict], arms: list[str], names: dict) -> dict:
     def per_req(arm: str, role: str) -> list[float]:
         return [r["cpu_s"][role] / per(r) * 1e3 for r in rounds[arm]]
 
-    def ratio(arm: str, values: dict[str, list[float]]) -> dict:
-        a, b = values[arm], values["plain"]
+    def ratio(arm: str, values: dict[str, list[float]], base: str = "plain") -> dict:
+        a, b = values[arm], values[base]
         if not any(b):  # no such process in plain vLLM (the export process): no ratio
             return {"per_round": [], "median": None}
         pairs = [x / y for x, y in zip(a, b, strict=True) if y]
@@ -62,6 +62,8 @@ def cell_figures(results: list[dict], arms: list[str], names: dict) -> dict:
         out[f"cpu_{role}_ms"] = {arm: [round(v, 3) for v in values[arm]]
                                              for arm in arms}
         out[f"cpu_{role}_ratio"] = {arm: ratio(arm, values) for arm in arms if arm != "plain"}
+        if "off" in arms and "ours" in arms:  # the same process, our hooks on / off
+            out[f"cpu_{role}_ours_to_off"] = ratio("ours", values, "off")
     if not idle:
         rps = {arm: [r["requests"] / r["wall_s"] for r in rounds[arm]] for arm in arms}
         out["throughput_req_s"] = {arm: round(statistics.median(rps[arm]), 2) for arm in arms}
@@ -77,7 +79,7 @@ def cell_figures(results: list[dict], arms: list[str], names: dict) -> dict:
             for key, value in r["api_counters"].items():
                 c[key] += value * share
             for tid, sec in r["api_threads_s"].items():
-                c["cpu_ms:" + names[arm].get(tid, "other threads")] += sec * 1e3 * share
+                c["cpu_ms:" + r["threads"].get(tid, "other threads")] += sec * 1e3 * share
             for key in ("collections", "gc_cpu_s"):
                 for gen, value in enumerate(r.get("gc", {}).get(key, ())):
                     scale = 1e3 if key == "gc_cpu_s" else 1

@@ -26,6 +26,17 @@ Left to the kernel, the API server moves between sharing a core with EngineCore'
 having one to itself, and the same server's API CPU per request then swings between about 3.5
 and 5.7 ms from one run to the next (c4 here): more than any effect this benchmark looks for.
 
+**Two floors, two remedies.** A vLLM server keeps a speed of its own for its whole life: two
+identical ``plain`` servers (``--arms plain,plain2``, a control copy) differ here by 10-50 % in API
+CPU per request, one process against the other, round after round. ``--fresh`` starts new servers
+every round, so that each round draws new processes and the median over rounds is not one
+process's luck (at about two and a half minutes of start-ups per round). ``off`` measures what no
+pair of servers can: the ``ours`` server's own API process with our hooks switched off
+(``api_probe.py``'s ``SIGUSR1``: every wrapper undone, as ``uninstrument`` does, between two
+runs), run after run, so ``ours / off`` is our hooks' cost with the process's own speed
+divided out. ``off`` still carries the SDK and the exporters (as ``sdk``) and EngineCore's
+hooks (EngineCore is not switched).
+
 For the accounting (where the API process's CPU goes, beyond what a Python profiler sees), each
 run also records per request: the API server's CPU per thread (its main thread runs vLLM's event
 loop and our hooks; the SDK's export threads), its main thread's voluntary context switches (one
@@ -36,7 +47,7 @@ ZMQ traffic to EngineCore), minor page faults; with ``--probe``, every server ru
 collapsed stacks, native frames included), summarised by the share of samples in our code, in
 the SDK and exporter, and in vLLM.
 
-Usage: python benchmarks/request_overhead.py [--rounds 12] [--requests 100]
+Usage: python benchmarks/request_overhead.py [--rounds 12] [--requests 100] [--fresh]
        [--loads c1,c4,c16,r12] [--upstream untraced,traced] [--arms plain,sdk,ours]
        [--max-tokens 16] [--pin 0:1] [--probe] [--profile DIR] [--json FILE]
 """
@@ -47,16 +58,14 @@ import argparse
 import itertools
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from bench_load import parse_load, parse_pin, run, workload
 from overhead_figures import cell_figures
 from server_counters import (
     counter_delta,
@@ -91,100 +100,6 @@ ARM_ENV = {
             "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "vllm_ttft"},
     "ours": EXPORT_ENV,
 }
-
-
-def workload(n: int, seed: int = 0) -> list[list[int]]:
-    """Fixed prompts (token ids): short, medium and long, none sharing a prefix."""
-    rng = random.Random(seed)
-    return [[rng.randrange(10, 2000) for _ in range((16, 64, 256)[i % 3])] for i in range(n)]
-
-
-def one(port: int, model: str, prompt: list[int], max_tokens: int,
-        traced: bool) -> tuple[float, int]:
-    """Client TTFT (s) and output tokens of one streamed completion, over a raw socket: the
-    first ``data:`` counts when its bytes arrive, with no client-side buffering in between.
-    ``traced``: a sampled ``traceparent`` of its own, as a traced gateway would send."""
-    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens,
-                       "temperature": 0, "ignore_eos": True, "stream": True}).encode()
-    parent = (f"traceparent: 00-{random.getrandbits(128):032x}-{random.getrandbits(64):016x}"
-              "-01\r\n" if traced else "")
-    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{parent}"
-            "Connection: close\r\n\r\n").encode()
-    sock = socket.create_connection(("127.0.0.1", port), timeout=300)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    t0 = time.monotonic()
-    ttft, data = None, bytearray()
-    try:
-        sock.sendall(head + body)
-        while chunk := sock.recv(65536):
-            data += chunk
-            if ttft is None and b"data: {" in data:
-                ttft = time.monotonic() - t0
-    finally:
-        sock.close()
-    assert data.startswith(b"HTTP/1.1 200"), bytes(data[:300])
-    return ttft or float("nan"), data.count(b"data: {")
-
-
-def parse_load(load: str) -> tuple[int, float | None]:
-    """``c4``: closed loop, 4 at a time; ``r12``: open loop, 12 requests/s; ``i10``: no request
-    for 10 s (what the server does per second on its own)."""
-    if load.startswith(("c", "i")):
-        return int(load[1:]), None
-    if load.startswith("r"):
-        return 0, float(load[1:])
-    raise argparse.ArgumentTypeError(f"load {load!r}: c<concurrency> or r<requests/s>")
-
-
-def run(server: VllmServer, model: str, prompts: list[list[int]], max_tokens: int, load: str,
-        traced: bool) -> dict:
-    """All prompts, streamed: ``concurrency`` at a time (closed loop), or one started every
-    ``1/rate`` s whatever the server does (open loop: every arm then takes the same wall time,
-    so per-second work in the server weighs the same on all)."""
-    concurrency, rate = parse_load(load)
-    t0 = time.monotonic()
-    if load.startswith("i"):
-        time.sleep(concurrency)
-        return {"wall_s": time.monotonic() - t0, "tokens": 0, "ttft_s": [], "requests": 0}
-    if rate is None:
-        with ThreadPoolExecutor(concurrency) as pool:
-            results = list(pool.map(lambda p: one(server.port, model, p, max_tokens, traced),
-                                    prompts))
-    else:
-        def paced(item: tuple[int, list[int]]) -> tuple[float, int]:
-            delay = t0 + item[0] / rate - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            return one(server.port, model, item[1], max_tokens, traced)
-
-        with ThreadPoolExecutor(int(rate * 4) + 4) as pool:
-            results = list(pool.map(paced, enumerate(prompts)))
-    wall = time.monotonic() - t0
-    return {"wall_s": wall, "tokens": sum(c for _, c in results),
-            "ttft_s": [t for t, _ in results], "requests": len(results)}
-
-
-def parse_pin(text: str) -> tuple[set[int], set[int]] | None:
-    """``API:REST`` CPU lists (``0:1``, ``0:1-3``), or None for no pinning."""
-    if not text:
-        return None
-
-    def cpus(part: str) -> set[int]:
-        out: set[int] = set()
-        for item in part.split(","):
-            lo, _, hi = item.partition("-")
-            out.update(range(int(lo), int(hi or lo) + 1))
-        return out
-
-    api, sep, rest = text.partition(":")
-    if not sep:
-        raise SystemExit(f"--pin {text!r}: API:REST, e.g. 0:1")
-    placement = cpus(api), cpus(rest)
-    if placement[0] & placement[1] or not placement[0] | placement[1] <= os.sched_getaffinity(0):
-        raise SystemExit(f"--pin {text!r}: two disjoint CPU lists among "
-                         f"{sorted(os.sched_getaffinity(0))}")
-    return placement
 
 
 def place(server: VllmServer, placement: tuple[set[int], set[int]]) -> None:
@@ -261,6 +176,96 @@ def profile(server: VllmServer, roles: dict[str, list[int]], model: str,
     return summaries
 
 
+OFF = "off"  # the ours server's own process with our hooks switched off
+WARM_EXPORT_S = 6.0  # the SDK's span batch interval (5 s) and a margin
+
+
+def base_arm(arm: str) -> str:
+    """``plain2``, ``ours3``: a control copy of ``plain``, ``ours`` (same environment, a server
+    of its own), so a run shows what two identical servers differ by."""
+    if arm == OFF:
+        return "ours"
+    base = arm.rstrip("0123456789")
+    if base not in ARMS:
+        raise SystemExit(f"--arms: unknown arm {arm!r} (plain, sdk, ours, or one of them with a "
+                         "number: a control copy)")
+    return base
+
+
+def make_servers(arms: list[str], model_dir: Path, work: Path, endpoint: str, extra: dict,
+                 placement: tuple[set[int], set[int]] | None, probe: bool
+                 ) -> dict[str, VllmServer]:
+    """One server per arm, not started; ``off`` is the ``ours`` server with its hooks switched
+    off (``api_probe.py``)."""
+    probed = [sys.executable, str(Path(__file__).with_name("api_probe.py"))]
+    servers: dict[str, VllmServer] = {}
+    for arm in arms:
+        if arm == OFF:
+            continue
+        base = base_arm(arm)
+        launcher = probed if probe or (base == "ours" and OFF in arms) else [sys.executable]
+        env = {**ARM_ENV[base], **(extra if base == "ours" else {}),
+               "BENCH_PROBE_FILE": str(work / f"{arm}.gc.json")}
+        if placement:  # vLLM-CPU binds its worker's OpenMP threads itself
+            env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(placement[1])))
+        if base != "plain":
+            env["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
+        server = VllmServer(model_dir, instrument=base != "plain", env=env,
+                            log_path=work / f"{arm}.log")
+        if launcher is probed or base != "plain":
+            prefix = ([str(Path(sys.executable).parent / "opentelemetry-instrument")]
+                      if base != "plain" else [])
+            command = server.command()
+            module_at = command.index("-m")
+            server.argv = [*prefix, *launcher, *command[module_at:]]
+        servers[arm] = server
+    if OFF in arms:
+        servers[OFF] = servers["ours"]
+    return servers
+
+
+def switch_hooks(server: VllmServer, path: Path, want: str) -> None:
+    """Our hooks in that API server on or off (``api_probe.py``'s ``SIGUSR1``), confirmed."""
+    for _ in range(2):
+        path.unlink(missing_ok=True)
+        os.kill(server.pid, signal.SIGUSR1)
+        for _ in range(250):
+            if path.exists():
+                break
+            time.sleep(0.02)
+        else:
+            raise SystemExit(f"--arms {OFF}: the ours server did not answer SIGUSR1")
+        if json.loads(path.read_text())["hooks"] == want:
+            return
+    raise SystemExit(f"--arms {OFF}: could not switch the hooks {want}")
+
+
+def start_all(servers: dict[str, VllmServer], model: str, prompts: list[list[int]],
+              max_tokens: int, placement: tuple[set[int], set[int]] | None) -> dict:
+    """Starts every server (one after the other: two vLLM start-ups at once on a small machine
+    each take longer than both in turn), places it, runs a discarded warm-up, pauses it;
+    returns each arm's thread names."""
+    for server in dict.fromkeys(servers.values()):
+        server.start()
+        if placement:
+            place(server, placement)
+        # Warm-up, discarded: untraced and traced requests, then one span export interval, so
+        # that one-time work (the export process's start at the first export, caches filled by
+        # the first request of each kind) lands in no measured run.
+        run(server, model, prompts[:32], max_tokens, "c4", False)
+        run(server, model, prompts[:32], max_tokens, "c4", True)
+        time.sleep(WARM_EXPORT_S)
+        pause(server, True)
+    return {arm: thread_names(s.pid) for arm, s in servers.items()}
+
+
+def stop_all(servers: dict[str, VllmServer]) -> None:
+    for server in dict.fromkeys(servers.values()):
+        if server.pid is not None:
+            pause(server, False)
+        server.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=12, help="rounds; arm order rotates")
@@ -268,7 +273,12 @@ def main() -> None:
     ap.add_argument("--loads", default="c1,c4,c16,r12",
                     help="comma list: cN closed loop at concurrency N, rR open loop R req/s")
     ap.add_argument("--upstream", default="untraced,traced", help="untraced, traced or both")
-    ap.add_argument("--arms", default="plain,sdk,ours", help="plain always runs")
+    ap.add_argument("--arms", default="plain,sdk,ours",
+                    help="plain always runs; plain2, ours2...: control copies of an arm; off: "
+                         "the ours server's own process with our hooks switched off, run by run")
+    ap.add_argument("--fresh", action="store_true",
+                    help="new servers every round (a server keeps a speed of its own for its "
+                         "whole life: with one server per arm that bias is every round's)")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--settle-s", type=float, default=1.5,
                     help="CPU counted this long after each run (the exporter's last batch)")
@@ -288,7 +298,9 @@ def main() -> None:
     for load in args.loads:
         parse_load(load)
     args.upstream = [x for x in args.upstream.split(",") if x]
-    arms = ["plain", *[a for a in args.arms.split(",") if a in ARMS and a != "plain"]]
+    arms = ["plain", *dict.fromkeys(a for a in args.arms.split(",") if a and a != "plain")]
+    for arm in arms:
+        base_arm(arm)
 
     model_dir = ensure_tiny_model()
     model = str(model_dir)
@@ -296,84 +308,71 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="otel-ttft-bench-"))
     receiver = OTLPReceiver(SpanStore(work / "store")).start()
     extra = dict(item.split("=", 1) for item in args.env)
-    launcher = ([sys.executable, str(Path(__file__).with_name("api_probe.py"))] if args.probe
-                else [sys.executable])
-    servers: dict[str, VllmServer] = {}
-    for arm in arms:
-        env = {**ARM_ENV[arm], **(extra if arm == "ours" else {}),
-               "BENCH_PROBE_FILE": str(work / f"{arm}.gc.json")}
-        if placement:  # vLLM-CPU binds its worker's OpenMP threads itself
-            env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(placement[1])))
-        if arm != "plain":
-            env["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.http_endpoint
-        server = VllmServer(model_dir, instrument=arm != "plain", env=env,
-                            log_path=work / f"{arm}.log")
-        if args.probe or arm != "plain":
-            prefix = ([str(Path(sys.executable).parent / "opentelemetry-instrument")]
-                      if arm != "plain" else [])
-            base = server.command()
-            module_at = base.index("-m")
-            server.argv = [*prefix, *launcher, *base[module_at:]]
-        servers[arm] = server
+
+    def servers_now() -> dict[str, VllmServer]:
+        return make_servers(arms, model_dir, work, receiver.http_endpoint, extra, placement,
+                            args.probe)
+
     results: dict[tuple[str, str], list[dict]] = {
         cell: [] for cell in itertools.product(args.loads, args.upstream)
         if not (cell[0].startswith("i") and cell[1] != args.upstream[0])}  # idle: upstream moot
     profiles = {}
     load_avg = [os.getloadavg()[0]]
+    servers: dict[str, VllmServer] = {}
     try:
-        for server in servers.values():
-            server.start()
         if placement:
             pin([os.getpid()], placement[1])
-            for server in servers.values():
-                place(server, placement)
-        roles = {arm: processes(s) for arm, s in servers.items()}
-        for server in servers.values():  # a warm-up run each, discarded
-            run(server, model, prompts[:16], args.max_tokens, "c4", False)
-        names = {arm: thread_names(s.pid) for arm, s in servers.items()}
-        for server in servers.values():
-            pause(server, True)
         orders = list(itertools.permutations(arms))
         for r in range(args.rounds):
+            if not servers:
+                servers = servers_now()
+                names = start_all(servers, model, prompts, args.max_tokens, placement)
             for cell in results:
                 for arm in orders[r % len(orders)]:
                     server = servers[arm]
                     pause(server, False)
                     if placement:  # the export process starts at the first export
                         place(server, placement)
+                    if arm == OFF:
+                        switch_hooks(server, work / "ours.gc.json.switch", "off")
                     try:
                         res = measured_run(server, model, prompts, args.max_tokens,
                                            cell[0], cell[1] == "traced", args.settle_s,
-                                           work / f"{arm}.gc.json" if args.probe else None)
+                                           work / f"{'ours' if arm == OFF else arm}.gc.json"
+                                           if args.probe else None)
                     finally:
+                        if arm == OFF:
+                            switch_hooks(server, work / "ours.gc.json.switch", "on")
                         pause(server, True)
                     res["arm"] = arm
+                    res["threads"] = names[arm]
                     results[cell].append(res)
                     load_avg.append(os.getloadavg()[0])
                     per = res["requests"] or res["wall_s"]
                     cpu = {k: v / per * 1e3 for k, v in res["cpu_s"].items()}
                     unit = "req" if res["requests"] else "s  "
-                    print(f"round {r} {cell[0]:4s} {cell[1]:8s} {arm:5s} API {cpu['api']:6.2f} "
+                    print(f"round {r} {cell[0]:4s} {cell[1]:8s} {arm:6s} API {cpu['api']:6.2f} "
                           f"ms/{unit}  EngineCore {cpu['engine']:6.2f}  worker "
                           f"{cpu['worker']:6.2f}  exporter {cpu['exporter']:5.2f}  "
                           f"{res['requests'] / res['wall_s']:6.1f} req/s"
                           f"  load {load_avg[-1]:.2f}", flush=True)
+            if args.fresh and r + 1 < args.rounds:
+                stop_all(servers)
+                servers = {}
         if args.profile and "ours" in servers:
             pause(servers["ours"], False)
-            profiles = profile(servers["ours"], roles["ours"], model, prompts, args,
-                               Path(args.profile))
+            profiles = profile(servers["ours"], processes(servers["ours"]), model, prompts,
+                               args, Path(args.profile))
             pause(servers["ours"], True)
     finally:
-        for server in servers.values():
-            if server.pid is not None:
-                pause(server, False)
-            server.stop()
+        stop_all(servers)
         receiver.stop()
 
     figures = {
         "rounds": args.rounds, "requests_per_run": args.requests, "max_tokens": args.max_tokens,
         "ours_env": extra, "load_average_1m": {"min": min(load_avg), "max": max(load_avg)},
-        "cells": {f"{load}/{upstream}": cell_figures(res, arms, names)
+        "fresh_servers_each_round": args.fresh,
+        "cells": {f"{load}/{upstream}": cell_figures(res, arms)
                   for (load, upstream), res in results.items()},
         "request_spans_received": sum(1 for s in receiver.store.spans()
                                       if s["name"] == "llm_request"),
@@ -398,6 +397,11 @@ def main() -> None:
                            if "throughput_ratio" in f else "")
                         for arm in arms if arm != "plain")
         print(f"  {cell:14s} {row}")
+        same = f.get("cpu_api_ours_to_off")
+        if same and same["median"] is not None:
+            print(f"  {'':14s} ours / off, one process: API {fmt(same['median'])} "
+                  f"[{fmt(same['median_95ci'][0])}-{fmt(same['median_95ci'][1])}] "
+                  f"{same['difference_ms_median']:+.3f} ms/request")
 
 
 if __name__ == "__main__":

@@ -133,3 +133,27 @@ def test_lora_adapters_are_peft_files_for_model_a(built) -> None:
             assert tuple(a.shape) == (tiny_model.LORA_RANK, hidden)
             weights.append(a)
     assert not (weights[0] == weights[1]).all()  # two different adapters
+
+
+def test_every_greedy_token_streams_text(built: tuple[Path, Path]) -> None:
+    """A random model that picks a special token or half a character streams no text for it,
+    and the client's first content then lags the server's first token: the tiny model never
+    does (greedy decoding over random prompts, the model's own forward pass)."""
+    import random
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _, model_dir = built
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    textless = set(tiny_model.textless_ids(tok, tiny_model.VOCAB_SIZE))
+    assert {tok.bos_token_id, tok.eos_token_id, tok.pad_token_id} <= textless
+    assert tok("the quick")["input_ids"][1] not in textless  # words stream text
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    rng = random.Random(3)
+    prompts = torch.tensor([[tok.bos_token_id] + [rng.randrange(4, len(tok)) for _ in range(24)]
+                            for _ in range(64)])
+    with torch.no_grad():
+        picks = model(prompts).logits.argmax(-1)  # the greedy pick after every prefix
+    assert not textless & set(picks.flatten().tolist())
+    assert len(set(picks.flatten().tolist())) > 50  # still a random model, not one token

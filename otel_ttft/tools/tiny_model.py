@@ -1,11 +1,17 @@
 """Tiny but real checkpoints, built locally, so tests and the demo can run vLLM with no hub.
 
 Random weights are enough: otel-ttft measures how vLLM reads, loads and warms a model, not what the
-model says. Each checkpoint is split into several safetensors shards so that per-shard read spans
-have something to show. Built once per cache directory (seconds) and reused afterwards.
+model says. One thing the weights do fix: the model never picks a token that carries no text of its
+own (a special token, a byte of a character not yet whole, an id past the tokenizer): their output
+rows are zero, so their logit 0 is never the greedy pick among ~2,000 random logits. Otherwise a
+random model's first tokens sometimes stream no text, and the client's first content (its TTFT)
+comes several tokens after the server's first token, differently from run to run.
 
-- model A (``tiny-llama-v1``): Llama, 2 layers, hidden 128, multi-head attention.
-- model B (``tiny-qwen2-v1``): Qwen2, 4 layers, hidden 192, grouped-query attention (2 KV heads),
+Each checkpoint is split into several safetensors shards so that per-shard read spans have
+something to show. Built once per cache directory (seconds) and reused afterwards.
+
+- model A (``tiny-llama-v2``): Llama, 2 layers, hidden 128, multi-head attention.
+- model B (``tiny-qwen2-v2``): Qwen2, 4 layers, hidden 192, grouped-query attention (2 KV heads),
   its own tokenizer: a switch A -> B changes weights, compiled graphs and the KV-cache layout.
 - two LoRA adapters for A (PEFT files), for the adapter-switch scenario.
 
@@ -29,9 +35,9 @@ from pathlib import Path
 
 from otel_ttft.runtime import environment_variables
 
-MODEL_NAME = "tiny-llama-v1"  # bump when anything below changes: the cache is keyed by this name
-MODEL_B_NAME = "tiny-qwen2-v1"  # the same rule for model B
-LORA_NAME = "tiny-llama-v1-lora-v1"  # directory holding the adapters for model A
+MODEL_NAME = "tiny-llama-v2"  # bump when anything below changes: the cache is keyed by this name
+MODEL_B_NAME = "tiny-qwen2-v2"  # the same rule for model B
+LORA_NAME = "tiny-llama-v2-lora-v1"  # directory holding the adapters for model A
 LORA_ADAPTERS = ("lora-a", "lora-b")
 LORA_RANK = 4
 MARKER = ".complete"  # written last; a directory without it is never used
@@ -92,12 +98,12 @@ def checkpoint_files(model_dir: str | os.PathLike[str]) -> list[Path]:
 
 
 def ensure_tiny_model(cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """Return ``<cache_dir>/tiny-llama-v1`` (model A), building it first if it is not there yet."""
+    """Return ``<cache_dir>/tiny-llama-v2`` (model A), building it first if it is not there yet."""
     return _ensure(cache_dir, MODEL_NAME, lambda out: _build(out, SPEC_A))
 
 
 def ensure_tiny_model_b(cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """Return ``<cache_dir>/tiny-qwen2-v1`` (model B), building it first if needed."""
+    """Return ``<cache_dir>/tiny-qwen2-v2`` (model B), building it first if needed."""
     return _ensure(cache_dir, MODEL_B_NAME, lambda out: _build(out, SPEC_B))
 
 
@@ -174,6 +180,8 @@ def _build(out: Path, spec: ModelSpec) -> None:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
         model = getattr(transformers, arch)(config).to(torch.float32)
+    with torch.no_grad():
+        model.lm_head.weight[textless_ids(tokenizer, spec.vocab_size)] = 0.0
     with _no_progress_bars():
         model.save_pretrained(out, max_shard_size=spec.max_shard_size)
 
@@ -189,6 +197,19 @@ def _build(out: Path, spec: ModelSpec) -> None:
     }
     (out / MARKER).write_text(json.dumps(manifest, indent=1) + "\n")
     _make_readable(out)
+
+
+def textless_ids(tokenizer, vocab_size: int) -> list[int]:
+    """Token ids that stream no text on their own: special tokens (skipped when decoding), bytes
+    of a character not yet whole (the byte-level decoder holds or replaces them), and ids the
+    tokenizer does not have."""
+    out = []
+    for token_id in range(vocab_size):
+        text = (tokenizer.decode([token_id], skip_special_tokens=True)
+                if token_id < len(tokenizer) else "")
+        if not text or "\ufffd" in text:
+            out.append(token_id)
+    return out
 
 
 def _build_loras(out: Path, base: Path) -> None:
