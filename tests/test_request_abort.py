@@ -143,6 +143,34 @@ def test_caller_that_stops_reading_is_emitted_as_finished_after_the_give_up(engi
     assert attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("length",)
 
 
+def test_request_still_settling_at_exit_is_emitted_before_the_final_flush(engine,
+                                                                          api_telemetry):
+    """A process that exits while a finished request's final output waits in its queue: the
+    exit path (``bounded_export``'s callbacks before the final flush) emits it, not loses it."""
+    from otel_ttft.runtime.telemetry import bounded_export
+
+    exporter, _ = api_telemetry
+
+    def request_spans():
+        return [s for s in exporter.get_finished_spans() if s.name == semconv.SPAN_REQUEST]
+
+    async def scenario():
+        agen = await _first_output(engine, "cmpl-exit-1", max_tokens=2)
+        engine.step("cmpl-exit-1", 22, finish=True)
+        assert "cmpl-exit-1" in request.state.settling  # nobody took the final output yet
+        assert not request_spans()
+        assert request.api._settle_at_exit in bounded_export._before_flush
+        request.api._settle_at_exit()  # what the exit path runs before the final flush
+        assert not request.state.settling
+        assert len(request_spans()) == 1
+        await agen.aclose()  # leaving afterwards adds nothing
+
+    asyncio.run(scenario())
+    assert len(request_spans()) == 1
+    attrs = request_span(exporter).attributes
+    assert attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("length",)
+
+
 def test_captured_output_text_comes_from_what_generate_handed_over(engine, api_telemetry):
     """Content capture (opt-in) is the one case ``generate`` is wrapped: the text per choice."""
     exporter, _ = api_telemetry

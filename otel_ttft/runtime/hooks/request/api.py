@@ -192,22 +192,18 @@ def _end(records: list[RequestRecord], now: float) -> None:
         else:
             settling[rec.rid] = rec
     if settling:
-        _settle_later(EMIT_BATCH_S)
+        _settle_later(0.0)
 
 
-EMIT_BATCH_S = 0.1
-"""Finished requests are emitted together, at most this long after they end. Emitting each one
-as it ends ran our emit code cold, between vLLM's own work on every other request: measured in
-the API server, that cost about three times what the same code costs run back to back."""
 _SETTLE_RETRY_S = 0.05  # a caller still busy (writing the previous chunk) takes it later
 _SETTLE_GIVE_UP_S = 10.0  # then it is emitted as finished (a caller that stopped reading)
 _settle_scheduled: dict[float, Any] = {}  # delay -> the event loop a look is scheduled on
 
 
 def _settle_later(delay: float) -> None:
-    """One look at ``settling`` on this event loop, ``delay`` seconds on (by then the
-    ``generate`` task woken by a final output has taken it, unless its caller has left); one
-    look per delay at a time, whatever number of requests end meanwhile."""
+    """One look at ``settling`` on this event loop: right after the callbacks queued so far
+    (``delay`` 0: the ``generate`` task woken by the final output runs before us and takes it,
+    unless its caller has left), or a retry ``delay`` seconds on."""
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:  # an output queue outside an event loop: nothing will take it later
