@@ -19,9 +19,11 @@ class Meter:
     def __init__(self) -> None:
         self.own: dict[str, float] = {}
         self.calls: dict[tuple[str, str], int] = {}
+        self.by_hook: dict[str, float] = {}
+        """Own time per hook (where a side's time goes)."""
 
     def timed(self, hook: Hook) -> Hook:
-        wrapper, side = hook.wrapper, hook.process
+        wrapper, side, name = hook.wrapper, hook.process, hook.name
         kind = "split" if isinstance(wrapper, Split) else "sync"
         if isinstance(wrapper, Split):
             wrapper = _as_call(wrapper)
@@ -41,7 +43,9 @@ class Meter:
             try:
                 return wrapper(call, instance, args, kwargs)
             finally:
-                self.own[side] = self.own.get(side, 0.0) + _clock() - t0 - inner
+                own = _clock() - t0 - inner
+                self.own[side] = self.own.get(side, 0.0) + own
+                self.by_hook[name] = self.by_hook.get(name, 0.0) + own
                 self.calls[side, kind] = self.calls.get((side, kind), 0) + 1
 
         return replace(hook, wrapper=run, applied=False)

@@ -9,7 +9,14 @@ import logging
 import random
 
 import pytest
-from opentelemetry.sdk.metrics import Histogram, MeterProvider
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.metrics import (
+    AlwaysOffExemplarFilter,
+    AlwaysOnExemplarFilter,
+    Histogram,
+    MeterProvider,
+)
 from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMetricReader
 from opentelemetry.sdk.metrics.view import (
     DropAggregation,
@@ -39,34 +46,49 @@ def _points(reader: InMemoryMetricReader) -> list[tuple]:
                     buckets = getattr(p, "bucket_counts", None)
                     if buckets is None:  # exponential: compare what it has
                         buckets = (p.positive.offset, tuple(p.positive.bucket_counts))
+                    exemplars = tuple(sorted(
+                        (e.value, e.trace_id, e.span_id, tuple(sorted((e.filtered_attributes
+                                                                       or {}).items())))
+                        for e in getattr(p, "exemplars", ())))
                     out.append((metric.name, tuple(sorted(p.attributes.items())), p.count,
-                                round(p.sum, 9), tuple(buckets), p.min, p.max))
+                                round(p.sum, 9), tuple(buckets), p.min, p.max, exemplars))
     return sorted(out)
 
 
-def _side(readers: list[dict], views: tuple) -> tuple:
+def _side(readers: list[dict], views: tuple, **provider_args) -> tuple:
     rs = [InMemoryMetricReader(**kw) for kw in readers]
-    provider = MeterProvider(metric_readers=rs, views=list(views))
+    provider = MeterProvider(metric_readers=rs, views=list(views), **provider_args)
     hist = provider.get_meter("t").create_histogram(
         semconv.METRIC_SERVER_TTFT, unit="s",
         explicit_bucket_boundaries_advisory=list(semconv.TTFT_BUCKETS_S))
     return provider, rs, hist
 
 
-def _pair(readers: list[dict], views: tuple = ()) -> tuple:
+def _pair(readers: list[dict], views: tuple = (), **provider_args) -> tuple:
     """Two providers, alike: (their readers, the public histogram, the writer's histogram)."""
-    _, public_readers, public = _side(readers, views)
-    _, direct_readers, direct = _side(readers, views)
+    _, public_readers, public = _side(readers, views, **provider_args)
+    _, direct_readers, direct = _side(readers, views, **provider_args)
     return public_readers, public, direct_readers, SampleWriter(direct)
 
 
+def _span_context(rng: random.Random, sampled: bool):
+    span = trace.NonRecordingSpan(trace.SpanContext(
+        rng.getrandbits(128) or 1, rng.getrandbits(64) or 1, False,
+        trace.TraceFlags(trace.TraceFlags.SAMPLED if sampled else 0)))
+    return trace.set_span_in_context(span)
+
+
 def _feed(public, writer: SampleWriter, n: int, seed: int) -> None:
+    """Samples without a span (as an untraced request's), with a sampled one and with an
+    unsampled one (a traced request's: its exemplar leads to the trace)."""
     rng = random.Random(seed)
     for _ in range(n):
         i = rng.randrange(len(ATTRS))
         value = rng.choice((rng.expovariate(10), rng.uniform(0, 1200), 0.0, 0.001, 10.0))
-        public.record(value, ATTRS[i])
-        writer.record(value, ATTRS[i], i)
+        kind = rng.randrange(3)
+        context = None if kind == 0 else _span_context(rng, sampled=kind == 1)
+        public.record(value, ATTRS[i], context=context or Context())
+        writer.record(value, ATTRS[i], i, context)
 
 
 SETUPS = {
@@ -98,12 +120,30 @@ def test_exports_what_record_exports(name: str) -> None:
     for round_ in range(4):  # several collections: delta readers swap aggregations out
         _feed(public, writer, 200, seed=round_)
         for a, b in zip(public_readers, direct_readers, strict=True):
-            assert _points(b) == _points(a)
+            points = _points(b)
+            assert points == _points(a)
+            if name != "view drops it":  # traced samples lead to their traces
+                assert any(point[-1] for point in points)
     if name in ("view with an exponential histogram", "view drops it"):
         assert all(t is None for t in writer._targets.values())  # through ``record``
     else:
         assert writer._targets and all(writer._targets.values())  # written directly
     assert not writer._broken
+
+
+@pytest.mark.parametrize("exemplar_filter", [AlwaysOnExemplarFilter(),
+                                             AlwaysOffExemplarFilter()])
+def test_exemplars_follow_the_providers_filter(exemplar_filter) -> None:
+    public_readers, public, direct_readers, writer = _pair(
+        [{}, {"preferred_temporality": DELTA}], exemplar_filter=exemplar_filter)
+    for round_ in range(3):
+        _feed(public, writer, 200, seed=round_)
+        for a, b in zip(public_readers, direct_readers, strict=True):
+            points = _points(b)
+            assert points == _points(a)
+            assert any(point[-1] for point in points) == (
+                type(exemplar_filter) is AlwaysOnExemplarFilter)
+    assert writer._targets and all(writer._targets.values())
 
 
 def test_a_reader_added_later_gets_the_samples_after_it() -> None:

@@ -49,7 +49,8 @@ def _newly_missing(change) -> list[str]:
     ("periodic_reader", ("_exporter",), "PeriodicExportingMetricReader._exporter"),
     ("span", ("_lock",), "Span._lock"),
     ("histogram", ("_measurement_consumer",),
-     "Histogram._measurement_consumer._reader_storages -> explicit-bucket aggregation"),
+     "Histogram._measurement_consumer._reader_storages -> explicit-bucket aggregation "
+     "(its _reservoir; _sdk_config.exemplar_filter)"),
 ])
 def test_an_internal_that_moved_is_named(part, missing, named):
     found = _newly_missing(lambda p: setattr(p, part, Without(getattr(p, part), *missing)))
@@ -86,10 +87,11 @@ _PRIVATE = {"_active_span_processor", "_span_processors", "_batch_processor", "_
             "_metric_readers", "_measurement_consumer", "_reader_storages",
             "_get_or_init_view_instrument_match", "_attributes_aggregation", "_reset_on_collect",
             "_ExplicitBucketHistogramAggregation", "_hash_attributes", "_OTelSDKConfigurator",
-            "RandomIdGenerator"}
+            "RandomIdGenerator", "_tracer_metrics", "_span_limits", "_instrumentation_scope",
+            "_is_enabled", "_on_ending"}
 # Read by name (getattr) on SDK objects: common words, so only as strings.
 _PRIVATE_BY_NAME = _PRIVATE | {"_exporter", "_metrics", "_queue", "_shutdown", "_endpoint",
-                               "_lock"}
+                               "_lock", "_tracer", "_span_processor"}
 
 
 def _sdk_accesses(tree: ast.AST) -> list[str]:

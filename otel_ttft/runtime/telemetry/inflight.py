@@ -74,6 +74,11 @@ def _is_activation_stage(stage: str | None) -> bool:
 class LocalProcessor(SpanProcessor):
     """A processor of ours that looks at spans and exports nothing (snapshots skip it)."""
 
+    def ignores_start(self, name: str) -> bool:
+        """Whether ``on_start`` does nothing for a span of this name (``telemetry.finished``
+        then makes such spans finished, without a start)."""
+        return False
+
 
 class InflightTracker(LocalProcessor):
     """Keeps this process's open activation spans (SDK spans, by span id)."""
@@ -90,6 +95,9 @@ class InflightTracker(LocalProcessor):
         with self._lock:
             self._open[span.get_span_context().span_id] = span
         self.publish()
+
+    def ignores_start(self, name: str) -> bool:
+        return name not in ACTIVATION_SPAN_NAMES
 
     def restaged(self, span: Any) -> None:
         """A tracked span got its stage after it started: the published chain must say it."""

@@ -29,6 +29,9 @@ class StageTagger(inflight.LocalProcessor):
             if this_process.kind:
                 span.set_attribute(semconv.ATTR_PROCESS_KIND, this_process.kind)
 
+    def ignores_start(self, name: str) -> bool:
+        return name not in semconv.VLLM_SPAN_STAGES
+
     def on_end(self, span: ReadableSpan) -> None:
         attrs = span.attributes or {}
         stage = attrs.get(semconv.ATTR_STAGE)

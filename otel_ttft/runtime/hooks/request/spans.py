@@ -33,7 +33,7 @@ from otel_ttft.runtime.hooks.request.timeline import (
     stage_durations,
     tile,
 )
-from otel_ttft.runtime.telemetry import spans
+from otel_ttft.runtime.telemetry import finished, spans
 
 logger = logging.getLogger("otel_ttft")
 
@@ -52,11 +52,15 @@ def ns(mono_s: float) -> int:
 class Children:
     """Finished child spans of one recording parent span."""
 
-    def __init__(self, parent: trace.Span):
-        self.parent = parent
+    def __init__(self, parent: Any):
         self.parent_ctx = parent.get_span_context()
-        self.proc = getattr(parent, "_span_processor", None) if _fast_ok else None
-        self.context = trace.set_span_in_context(parent)
+        self.proc = finished.processor_of(parent) if _fast_ok else None
+        if isinstance(parent, finished.FinishedSpan):
+            self.resource, self.scope = parent.maker.resource, parent.maker.scope
+            self.context = trace.set_span_in_context(trace.NonRecordingSpan(self.parent_ctx))
+        else:
+            self.resource, self.scope = parent.resource, parent.instrumentation_scope
+            self.context = trace.set_span_in_context(parent)
 
     def add(self, name: str, start_ns: int, end_ns: int, attributes: Mapping[str, Any],
             parent_ctx: SpanContext | None = None) -> SpanContext:
@@ -69,9 +73,9 @@ class Children:
                 ctx = SpanContext(parent_ctx.trace_id, span_id, False, parent_ctx.trace_flags,
                                   parent_ctx.trace_state)
                 self.proc.on_end(ReadableSpan(
-                    name, ctx, parent_ctx, self.parent.resource, dict(attributes),
+                    name, ctx, parent_ctx, self.resource, dict(attributes),
                     kind=SpanKind.INTERNAL, start_time=start_ns, end_time=max(end_ns, start_ns),
-                    instrumentation_scope=self.parent.instrumentation_scope))
+                    instrumentation_scope=self.scope))
                 return ctx
             except Exception as exc:  # noqa: BLE001 - an SDK we do not know: use the public API
                 _fast_ok = False
@@ -131,18 +135,29 @@ def emit_tree(*, parent: otel_context.Context, kind: SpanKind, start: float, end
     (adapter load, compile, a front-end cache filled): each becomes a child of the stage segment
     it started in.
     """
-    span = spans.tracer().start_span(semconv.SPAN_REQUEST, context=parent, kind=kind,
-                                     start_time=ns(start), links=links)
+    span = finished.start_finished(semconv.SPAN_REQUEST, context=parent, kind=kind,
+                                   start_time=ns(start), links=links)
     if not span.is_recording():
         span.end(end_time=ns(end))
         return span
+    made = _fill(span, segments, first_decode, warmup, attributes, events, error, detail)
+    made.end(end_time=ns(end))
+    if isinstance(made, finished.FinishedSpan):
+        return trace.NonRecordingSpan(made.get_span_context())
+    return made
+
+
+def _fill(span: Any, segments: list[Segment], first_decode: tuple[float, float] | None,
+          warmup: list[Warmup], attributes: dict[str, Any],
+          events: list[tuple[str, float, dict[str, Any]]], error: str | None,
+          detail: str | None) -> Any:
+    """The request span's attributes, events and status, and its children; ends nothing."""
     span.set_attributes(attributes)
     for name, ts, attrs in events:
         span.add_event(name, attrs, timestamp=ns(ts))
     if detail is None:
         if error:
             span.set_status(Status(StatusCode.ERROR, error))
-        span.end(end_time=ns(end))
         return span
     span.set_attribute(semconv.ATTR_REQUEST_DETAIL, detail)
     kids = Children(span)
@@ -164,7 +179,6 @@ def emit_tree(*, parent: otel_context.Context, kind: SpanKind, start: float, end
                  {semconv.ATTR_STAGE: semconv.STAGE_FIRST_DECODE})
     if error:
         span.set_status(Status(StatusCode.ERROR, error))
-    span.end(end_time=ns(end))
     return span
 
 
@@ -215,7 +229,10 @@ def emit_request(rec: RequestRecord, now: float) -> None:
     if warmup:
         rec.cold = True  # it waited for warm-up work (a compile, its adapter's load, a cache)
     error = rec.rejected or rec.error
-    caller = _caller(rec.trace_headers, rec.context)
+    headers = rec.trace_headers
+    parent, kind = parent_context(headers if headers and "traceparent" in headers else None,
+                                  rec.context)
+    caller = trace.get_current_span(parent).get_span_context()  # whoever traces it, if anyone
     detail = request_detail.reason(cold=rec.cold, ttft=ttft, failed=bool(error or rec.aborted),
                                    model=rec.model)
     if detail is None and request_detail.sampled(caller.trace_id if caller.is_valid else None):
@@ -224,8 +241,7 @@ def emit_request(rec: RequestRecord, now: float) -> None:
     # vLLM's own tracing on (``rec.vllm``): the user asked for a span per request; ours is it.
     traced = (caller.is_valid and caller.trace_flags.sampled) or rec.vllm is not None
     if request_detail.wants_span(detail, traced=traced):
-        parent, kind = parent_context(rec.trace_headers, rec.context)
-        segments = ([] if rec.rejected is not None
+        segments = ([] if rec.rejected is not None or detail is None  # no children
                     else tile(rec.arrival, queued, schedule, rec.first_tok, ttft_end, end))
         span = emit_tree(
             parent=parent, kind=kind, start=rec.arrival, end=max(end, ttft_end or end),
@@ -239,20 +255,6 @@ def emit_request(rec: RequestRecord, now: float) -> None:
     request_metrics.record_request(ttft, stages, rec.model, rec.cold,
                                    eng.waiting if eng is not None else None, usage,
                                    context=ctx, operation=operation_name(rec.ext_id))
-
-
-def _caller(trace_headers: Mapping[str, str] | None,
-            current: otel_context.Context | None) -> SpanContext:
-    """The span context of whoever traces this request (the current server span, else the
-    incoming ``traceparent``); invalid when nobody does (the common, cheap case)."""
-    if current is not None:
-        span_context = trace.get_current_span(current).get_span_context()
-        if span_context.is_valid:
-            return span_context
-    if not trace_headers or "traceparent" not in trace_headers:
-        return trace.INVALID_SPAN_CONTEXT
-    parent, _ = parent_context(trace_headers, None)
-    return trace.get_current_span(parent).get_span_context()
 
 
 def _span_attributes(rec: RequestRecord, eng: EnginePayload | None, ttft: float | None,
