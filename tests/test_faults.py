@@ -354,3 +354,45 @@ def test_state_files_left_by_killed_process_trees_are_removed_after_a_day(tmp_pa
     os.utime(other, (two_days_ago, two_days_ago))
     inflight._remove_stale_state()
     assert not old.exists() and fresh.exists() and other.exists()
+
+
+def test_a_sampler_that_drops_every_span_leaves_stages_and_compiles_running(monkeypatch):
+    """``OTEL_TRACES_SAMPLER=always_off`` (or a low ratio): our stage spans are non-recording.
+    Nothing of ours may fail on them: a failure inside vLLM's own ``with monitor_torch_compile``
+    once stopped the worker, and with it vLLM's start."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+    from otel_ttft.runtime.hooks import warmup
+
+    _stage_spans()  # the in-flight tracker listens for stages
+    spans.use_tracer_provider(TracerProvider(sampler=ALWAYS_OFF))
+    try:
+        with spans.stage_span(semconv.SPAN_SHARD_READ, semconv.STAGE_LOAD_READ) as span:
+            assert not span.is_recording()
+        entered = []
+
+        class Compile:  # vLLM's monitor_torch_compile, as the hook hands it over
+            def __enter__(self):
+                entered.append("enter")
+
+            def __exit__(self, *exc):
+                entered.append("exit")
+
+        with warmup._traced_compile(Compile(), None, aot_probe=False):
+            entered.append("compiling")
+        assert entered == ["enter", "compiling", "exit"]
+        assert not warmup.COMPILE.failed
+
+        def broken(*args, **kwargs):  # ours fails before the compile: it still runs, once
+            raise RuntimeError("ours")
+
+        monkeypatch.setattr(spans, "stage_span", broken)
+        entered.clear()
+        with warmup._traced_compile(Compile(), None, aot_probe=False):
+            entered.append("compiling")
+        assert entered == ["enter", "compiling", "exit"]
+        assert warmup.COMPILE.failed
+    finally:
+        warmup.COMPILE.failed = False
+        spans.use_tracer_provider(None)

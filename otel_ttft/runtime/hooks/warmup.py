@@ -96,18 +96,28 @@ def _compile_attributes(vllm_config: Any) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _traced_compile(inner_cm, vllm_config: Any, aot_probe: bool):
-    counter = _compilation_counter()
-    before = counter.clone()
-    with spans.stage_span(semconv.SPAN_TORCH_COMPILE, semconv.STAGE_WARMUP_COMPILE,
-                          attributes=_compile_attributes(vllm_config)) as span:
+    """vLLM's own ``monitor_torch_compile`` inside our span. vLLM enters this outside any
+    guard of ours, so a failure of ours (opening the span, reading the counters) is reported
+    and the compile runs as it would have; vLLM's own errors pass through as they are."""
+    with contextlib.ExitStack() as ours:
+        span = counter = before = None
+        try:
+            counter = _compilation_counter()
+            before = counter.clone()
+            span = ours.enter_context(spans.stage_span(
+                semconv.SPAN_TORCH_COMPILE, semconv.STAGE_WARMUP_COMPILE,
+                attributes=_compile_attributes(vllm_config)))
+        except Exception as exc:  # noqa: BLE001 - ours must not fail the compile
+            report_failure(COMPILE, exc)
         try:
             with _timed_for_requests(inner_cm):
                 yield
         finally:  # a failed AOT-cache load is a miss worth seeing, so record it too
-            try:
-                span.set_attributes(_compile_outcome(counter, before, aot_probe))
-            except Exception as exc:  # noqa: BLE001 - bookkeeping must not fail the compile
-                report_failure(COMPILE, exc)
+            if span is not None:
+                try:
+                    span.set_attributes(_compile_outcome(counter, before, aot_probe))
+                except Exception as exc:  # noqa: BLE001 - bookkeeping must not fail the compile
+                    report_failure(COMPILE, exc)
 
 
 @contextlib.contextmanager

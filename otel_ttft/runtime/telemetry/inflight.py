@@ -101,7 +101,8 @@ class InflightTracker(LocalProcessor):
 
     def restaged(self, span: Any) -> None:
         """A tracked span got its stage after it started: the published chain must say it."""
-        if span.name in ACTIVATION_SPAN_NAMES and span.end_time is None:
+        if getattr(span, "name", None) in ACTIVATION_SPAN_NAMES \
+                and getattr(span, "end_time", 0) is None:
             self.publish()
 
     def on_end(self, span: ReadableSpan) -> None:

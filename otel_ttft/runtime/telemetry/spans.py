@@ -106,8 +106,8 @@ def tag_span(span: Span, stage: str | None, attributes: Mapping[str, Any] | None
         span.set_attribute(semconv.ATTR_PROCESS_KIND, this_process.kind)
     if attributes:
         span.set_attributes({k: v for k, v in attributes.items() if v is not None})
-    if stage is not None and _on_staged is not None:
-        _on_staged(span)
+    if stage is not None and _on_staged is not None and span.is_recording():
+        _on_staged(span)  # a span the sampler dropped is nobody's to track
 
 
 @contextmanager
