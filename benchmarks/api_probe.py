@@ -9,22 +9,36 @@ under it alike. ``SIGUSR2`` writes the counts so far as JSON to ``$BENCH_PROBE_F
 with and without our hooks, run after run, which no pair of separate servers can (a server keeps a
 speed of its own for its life: two identical ones differ by 10-50 % here). Sent only between runs,
 when no request is in flight.
+
+With ``BENCH_PROBE_METER=1`` (``request_overhead.py --meter``) the hooks a switch turns on are
+metered (``hook_meter``): each wrapper's own time (its time minus the vLLM call inside), and
+what runs outside any wrapper (the deferred emission ``_settle``, the ``send`` in front of every
+streamed chunk), counted in this server's own main thread. ``SIGUSR2``'s dump then carries those
+sums, the calls per guard kind, and what a timer and each guard cost here, measured at start:
+our frames' own CPU inside a real, busy server, beside the microbenchmark's figure for the same
+code. The timers cost the metered process itself about 1 us a hooked call, so a metered run's
+CPU is not compared with another's.
 """
 
 from __future__ import annotations
 
 import gc
+import importlib
 import json
 import os
 import runpy
 import signal
 import sys
 import time
+from dataclasses import replace
 
 _counts = [0, 0, 0]
 _cpu_s = [0.0, 0.0, 0.0]
 _collected = [0, 0, 0]
 _started: list[float] = []
+_meter = None  # hook_meter.Meter of the metered hooks (BENCH_PROBE_METER)
+_metered = None  # their HookSet while applied
+_calibration: dict = {}
 
 
 def _on_gc(phase: str, info: dict) -> None:
@@ -44,6 +58,11 @@ def _dump(_signum: int, _frame: object) -> None:
     data = {"collections": list(_counts), "gc_cpu_s": list(_cpu_s),
             "collected": list(_collected),
             "threshold": list(gc.get_threshold()), "frozen": gc.get_freeze_count()}
+    if _meter is not None:
+        data["meter"] = {"own_s": dict(_meter.own), "by_hook_s": dict(_meter.by_hook),
+                         "calls": {f"{side}/{kind}": n for (side, kind), n in
+                                   _meter.calls.items()},
+                         "metered": _metered is not None and _metered.active, **_calibration}
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
         json.dump(data, f)
@@ -56,7 +75,9 @@ def _switch(_signum: int, _frame: object) -> None:
 
     hooks = VllmTTFTInstrumentor()._hooks  # the instrumentor is a singleton
     state = "none"
-    if hooks is not None:
+    if hooks is not None and _meter is not None:
+        state = _switch_metered(hooks, disabled_hooks(hooks.hooks, config.current))
+    elif hooks is not None:
         if hooks.active:
             hooks.remove()
         else:
@@ -69,10 +90,93 @@ def _switch(_signum: int, _frame: object) -> None:
         os.replace(f"{path}.switch.tmp", f"{path}.switch")
 
 
+def _switch_metered(hooks, disabled: set[str]) -> str:
+    """The instrumentor's own hooks give way to metered copies; then metered on / off."""
+    global _metered
+    from otel_ttft.runtime.hooks.registry import HookSet
+
+    if hooks.active:
+        hooks.remove()
+    if _metered is not None and _metered.active:
+        _metered.remove()
+        _free_functions(False)
+        return "off"
+    _metered = HookSet([_meter.timed(h) if _meterable(h) else replace(h, applied=False)
+                        for h in hooks.hooks])
+    _metered.apply(disabled=disabled)
+    _free_functions(True)
+    return "on"
+
+
+def _meterable(hook) -> bool:
+    """The API server's request hooks, as the microbenchmark times them (sync or per-step)."""
+    import inspect
+
+    from otel_ttft.runtime.hooks.registry import Split, Stream
+
+    wrapper = hook.wrapper
+    return (hook.name.startswith("request.") and hook.process == "api_server"
+            and (isinstance(wrapper, Split) or not (
+                (isinstance(wrapper, type) and issubclass(wrapper, Stream))
+                or inspect.iscoroutinefunction(wrapper))))
+
+
+_originals: dict = {}
+
+
+def _free_functions(on: bool) -> None:
+    """Our code that runs outside any wrapper, metered too (API process only)."""
+    from otel_ttft.runtime.hooks.request import api
+
+    targets = {(api, "_settle"): "request.settle", (api._TimedSend, "__call__"): "request.send"}
+    for spec in filter(None, os.environ.get("BENCH_PROBE_METER_FUNCS", "").split(",")):
+        module, _, qualname = spec.partition(":")  # inclusive time only: not in the total
+        *owners, name = qualname.split(".")
+        owner = importlib.import_module(module)
+        for part in owners:
+            owner = getattr(owner, part)
+        targets[owner, name] = "inclusive:" + spec
+    for (owner, name), label in targets.items():
+        if not on:
+            if (owner, name) in _originals:
+                setattr(owner, name, _originals.pop((owner, name)))
+            continue
+        original = _originals.setdefault((owner, name), getattr(owner, name))
+        setattr(owner, name, _timed(original, label))
+
+
+def _timed(fn, label: str):
+    clock = time.thread_time
+
+    def timed(*args, **kwargs):
+        t0 = clock()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            own = clock() - t0
+            _meter.by_hook[label] = _meter.by_hook.get(label, 0.0) + own
+            if not label.startswith("inclusive:"):
+                _meter.own["api_server"] = _meter.own.get("api_server", 0.0) + own
+                _meter.calls["api_server", "free"] = _meter.calls.get(("api_server", "free"),
+                                                                      0) + 1
+
+    return timed
+
+
 def main() -> None:
     if len(sys.argv) < 3 or sys.argv[1] != "-m":
         sys.exit("usage: api_probe.py -m MODULE [ARGS...]")
     gc.callbacks.append(_on_gc)
+    if os.environ.get("BENCH_PROBE_METER"):
+        global _meter
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from hook_meter import Meter, guard_overhead
+
+        sys.path.pop(0)  # vLLM's imports see the path they would
+
+        _meter = Meter()
+        timer_s, guard_s = guard_overhead()  # in this process, before the server starts
+        _calibration.update(timer_s=timer_s, guard_s=guard_s)
     signal.signal(signal.SIGUSR2, _dump)
     signal.signal(signal.SIGUSR1, _switch)
     module = sys.argv[2]

@@ -87,4 +87,14 @@ def cell_figures(results: list[dict], arms: list[str]) -> dict:
                         value * scale * share)
         per_request[arm] = {k: round(v, 4) for k, v in sorted(c.items())}
     out["api_counters_mean"] = per_request
+    metered = [r["own_us"] for r in rounds.get("ours", []) if "own_us" in r]
+    if metered:  # --meter: our frames' own CPU in the API server, per request
+        own = [m["api_server"] for m in metered]
+        low, high = median_interval(own)
+        out["own_us_per_request"] = {
+            "per_round": [round(v, 1) for v in own], "median": round(statistics.median(own), 1),
+            "median_95ci": [low, high],
+            "by_hook_median": {h: round(statistics.median(m["by_hook"].get(h, 0.0)
+                                                          for m in metered), 2)
+                               for h in sorted({h for m in metered for h in m["by_hook"]})}}
     return out

@@ -28,8 +28,16 @@ per step is shared by 128 requests); ``--in-flight N`` keeps at most N in the en
 admitted as one ends, as the end-to-end benchmark's closed loop at concurrency N does: at 1, each
 streamed token is a step of its own, and per-step costs count per token.
 
+By default the CPU caches are evicted before each half of every engine step (``--caches cold``):
+inside a busy API server, vLLM's HTTP stack, event loop and ZMQ run between two of our calls
+and the worker's matrix work sweeps the shared cache, so our code runs cold there. Metered in a
+real server (``request_overhead.py --meter``), the same frames cost several times their
+back-to-back figure (``--caches warm``); a TTFT sample into the SDK's histogram, 1 us back to
+back, took about 20 us. Finished requests are emitted in one batch per run, as the server's
+event loop does once a second (``api.EMIT_DELAY_S``).
+
 Usage: python benchmarks/request_microbench.py [--requests 128] [--tokens 16,256] [--rounds 9]
-       [--in-flight N] [--traced]
+       [--in-flight N] [--traced] [--caches cold|warm]
 """
 
 from __future__ import annotations
@@ -158,6 +166,27 @@ def build(model_dir: str, n_requests: int):
 
 TRACED = False  # --traced: every request arrives with a sampled traceparent
 IN_FLIGHT = 0  # --in-flight N: at most N requests in the engine at once (0: all admitted at once)
+COLD = True  # --caches cold: the CPU caches evicted before every engine step's two halves
+
+
+class _Evictor:
+    """What the rest of a busy server does to the CPU caches between two engine steps (the HTTP
+    stack, the event loop, ZMQ and msgspec in the API process; the worker's matrix work on the
+    other core): evicted. Writes one byte per cache line over twice the L2 size of this machine's
+    cores and over many pages (the TLB). Measured in a real server (``request_overhead.py
+    --meter``), our frames cost several times what the same code costs run back to back;
+    ``--caches warm`` shows the back-to-back figure."""
+
+    def __init__(self, size: int = 16 << 20):
+        import numpy as np
+
+        self.buf = np.zeros(size, dtype=np.uint8)
+
+    def __call__(self) -> None:
+        self.buf[::64] += 1
+
+
+evict = None  # set in main (--caches cold)
 
 
 def run_batch(fresh, n_requests: int, n_tokens: int, seed: int) -> Timing:
@@ -188,6 +217,8 @@ def run_batch(fresh, n_requests: int, n_tokens: int, seed: int) -> Timing:
         core_req.arrival_time = time.time()  # admitted now (a closed loop's next request)
         queue = RequestOutputCollector(RequestOutputKind.DELTA, core_req.request_id)
         queues.append(queue)
+        if evict is not None:  # each request's HTTP handling ran before its add_request
+            evict()
         t0 = _clock()
         processor.add_request(core_req, None, None, 0, queue)
         t1 = _clock()
@@ -202,6 +233,8 @@ def run_batch(fresh, n_requests: int, n_tokens: int, seed: int) -> Timing:
         admit(waiting.pop())
     step = 0
     while scheduler.has_requests():
+        if evict is not None:
+            evict()
         t0 = _clock()
         out = scheduler.schedule()
         t1 = _clock()
@@ -217,6 +250,8 @@ def run_batch(fresh, n_requests: int, n_tokens: int, seed: int) -> Timing:
         engine_outputs = scheduler.update_from_output(out, runner_out)
         t3 = _clock()
         timing.engine_s += (t1 - t0) + (t3 - t2)
+        if evict is not None:
+            evict()
         for eco in engine_outputs.values():
             t4 = _clock()
             processor.process_outputs(eco.outputs, eco.timestamp, IterationStats())
@@ -226,9 +261,12 @@ def run_batch(fresh, n_requests: int, n_tokens: int, seed: int) -> Timing:
         step += 1
         while waiting and len(scheduler.requests) < limit:  # a closed loop: one ends, one comes
             admit(waiting.pop())
-    # Requests are emitted when they end (no event loop here: at once, not once their queue was
-    # read); any record still open is closed as a disconnect would.
+    # Finished requests are emitted in a batch, as the server's event loop does a second after
+    # the first of them ended (``api.EMIT_DELAY_S``); any record still open is closed as a
+    # disconnect would.
     t0 = _clock()
+    if request_api.settling:
+        request_api._settle(give_up=True)
     for rec in list(request_api.live.values()):
         request_api.request_spans.emit_request(rec, time.monotonic())
     request_api.live.clear()
@@ -275,19 +313,28 @@ class _Front:
 
 async def _front_end(n_outputs: int, rounds: int) -> float:
     """Seconds per request added by the HTTP-side hooks (``request.flush``, ``request.caller``)
-    to stand-ins with vLLM's and starlette's signatures, applied through the registry."""
+    to stand-ins with vLLM's and starlette's signatures, applied through the registry. With cold
+    caches, the caches are evicted before each request (the eviction's own time left out), not
+    between its chunks: in the server one step's chunks go out back to back."""
     front = _Front()
     front.n_outputs = n_outputs
+    excluded = 0.0
 
     async def send(message):
         return None
 
     async def timed() -> float:
+        nonlocal excluded
+        excluded = 0.0
         t0 = _clock()
         for i in range(rounds):
+            if evict is not None:
+                t = _clock()
+                evict()
+                excluded += _clock() - t
             front.add_request(f"f{i}", "p", None, trace_headers=None)
             await front.stream_response(send)
-        return _clock() - t0
+        return _clock() - t0 - excluded
 
     targets = {"request.flush": "_Front.stream_response", "request.caller": "_Front.add_request"}
     hooks = [replace(h, target=f"{__name__}:{targets[h.name]}", applied=False)
@@ -371,7 +418,7 @@ def measure(fresh, provider: TracerProvider, n: int, tokens: int, rounds: int) -
                          "steps": timing.request_steps, "by_hook": dict(meter.by_hook)})
     # Without content capture (the default) ``generate`` is not wrapped at all.
     pt = 0.0 if "request.generate" in skipped else asyncio.run(_passthrough(tokens, 2000))
-    front = asyncio.run(_front_end(tokens, 2000))
+    front = asyncio.run(_front_end(tokens, 2000 if evict is None else 500))
 
     def best(rows, key):
         """Fastest round: the noise on a shared 2-core machine only ever adds time."""
@@ -427,10 +474,16 @@ def main() -> None:
                          "the end-to-end benchmark's closed loop cN with --max-num-seqs >= N: "
                          "one output per step at 1, so per-step costs count per token); 0: all "
                          "admitted at once")
+    ap.add_argument("--caches", choices=("cold", "warm"), default="cold",
+                    help="cold (default): the CPU caches evicted before each engine step's "
+                         "halves, as a busy server's other work does; warm: back to back")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
-    global TRACED, IN_FLIGHT
+    global TRACED, IN_FLIGHT, evict
     TRACED, IN_FLIGHT = args.traced, args.in_flight
+    evict = _Evictor() if args.caches == "cold" else None
+    # No event loop here: finished requests wait in ``settling`` for the batch at the run's end.
+    request_api._settle_later = lambda delay: None
 
     provider = install_providers()
     fresh = build(str(ensure_tiny_model()), args.requests)
@@ -441,7 +494,7 @@ def main() -> None:
     hooks.remove()
     lengths = [int(t) for t in args.tokens.split(",")]
     results = [measure(fresh, provider, args.requests, t, args.rounds) for t in lengths]
-    figures: dict = {"requests": args.requests, "rounds": args.rounds,
+    figures: dict = {"requests": args.requests, "rounds": args.rounds, "caches": args.caches,
                      "in_flight": args.in_flight or args.requests, "by_length": results}
     if len(results) >= 2:  # all-in = per request + per output x output tokens
         a, b = results[0], results[-1]

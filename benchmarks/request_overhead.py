@@ -141,7 +141,26 @@ def measured_run(server: VllmServer, model: str, prompts: list[list[int]], max_t
         if gc_after is not None:  # the probe's own dump is outside the counted window
             res["gc"] = {key: [a - b for a, b in zip(gc_after[key], gc_before[key], strict=True)]
                          for key in ("collections", "gc_cpu_s", "collected")}
+            if gc_after.get("meter", {}).get("metered"):
+                res["own_us"] = own_time(gc_before["meter"], gc_after["meter"], res["requests"])
     return res
+
+
+def own_time(before: dict, after: dict, requests: int) -> dict:
+    """Our frames' own CPU in the API server's main thread per request, from ``api_probe.py``'s
+    meter: each hook wrapper's time minus vLLM's call inside, what the registry's guards add per
+    call (measured in that process), less the timers' own cost; per hook beside it."""
+    calls = {k: v - before["calls"].get(k, 0) for k, v in after["calls"].items()}
+    guard_s, timer_s = after["guard_s"], after["timer_s"]
+    total = after["own_s"].get("api_server", 0.0) - before["own_s"].get("api_server", 0.0)
+    for key, n in calls.items():
+        side, kind = key.split("/")
+        if side == "api_server":
+            total += n * guard_s.get(kind, -timer_s)  # a free function: its timer
+    per = max(requests, 1)
+    return {"api_server": total / per * 1e6,
+            "by_hook": {h: round((s - before["by_hook_s"].get(h, 0.0)) / per * 1e6, 2)
+                        for h, s in after["by_hook_s"].items()}}
 
 
 def profile(server: VllmServer, roles: dict[str, list[int]], model: str,
@@ -193,7 +212,7 @@ def base_arm(arm: str) -> str:
 
 
 def make_servers(arms: list[str], model_dir: Path, work: Path, endpoint: str, extra: dict,
-                 placement: tuple[set[int], set[int]] | None, probe: bool
+                 placement: tuple[set[int], set[int]] | None, probe: bool, meter: bool = False
                  ) -> dict[str, VllmServer]:
     """One server per arm, not started; ``off`` is the ``ours`` server with its hooks switched
     off (``api_probe.py``)."""
@@ -206,6 +225,8 @@ def make_servers(arms: list[str], model_dir: Path, work: Path, endpoint: str, ex
         launcher = probed if probe or (base == "ours" and OFF in arms) else [sys.executable]
         env = {**ARM_ENV[base], **(extra if base == "ours" else {}),
                "BENCH_PROBE_FILE": str(work / f"{arm}.gc.json")}
+        if meter and arm == "ours":
+            env["BENCH_PROBE_METER"] = "1"
         if placement:  # vLLM-CPU binds its worker's OpenMP threads itself
             env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(placement[1])))
         if base != "plain":
@@ -284,6 +305,10 @@ def main() -> None:
                     help="CPU counted this long after each run (the exporter's last batch)")
     ap.add_argument("--probe", action="store_true",
                     help="run every server under api_probe.py: garbage collections per run")
+    ap.add_argument("--meter", action="store_true",
+                    help="with --arms ...,off: the ours server's hooks metered (api_probe.py): "
+                         "our frames' own CPU per request inside the server, by hook; the "
+                         "timers cost that process about 1 us per hooked call")
     ap.add_argument("--profile", help="directory: unmeasured runs of ours under py-spy --native")
     ap.add_argument("--env", action="append", default=[],
                     help="KEY=VALUE for the ours server (repeatable)")
@@ -301,6 +326,8 @@ def main() -> None:
     arms = ["plain", *dict.fromkeys(a for a in args.arms.split(",") if a and a != "plain")]
     for arm in arms:
         base_arm(arm)
+    if args.meter and OFF not in arms:
+        raise SystemExit("--meter: needs the off arm (--arms plain,ours,off)")
 
     model_dir = ensure_tiny_model()
     model = str(model_dir)
@@ -311,7 +338,7 @@ def main() -> None:
 
     def servers_now() -> dict[str, VllmServer]:
         return make_servers(arms, model_dir, work, receiver.http_endpoint, extra, placement,
-                            args.probe)
+                            args.probe, args.meter)
 
     results: dict[tuple[str, str], list[dict]] = {
         cell: [] for cell in itertools.product(args.loads, args.upstream)
@@ -327,6 +354,14 @@ def main() -> None:
             if not servers:
                 servers = servers_now()
                 names = start_all(servers, model, prompts, args.max_tokens, placement)
+                if args.meter:  # the metered hooks replace the instrumentor's, warmed up
+                    ours = servers["ours"]
+                    pause(ours, False)
+                    switch_hooks(ours, work / "ours.gc.json.switch", "off")
+                    switch_hooks(ours, work / "ours.gc.json.switch", "on")
+                    run(ours, model, prompts[:32], args.max_tokens, "c4", False)
+                    run(ours, model, prompts[:32], args.max_tokens, "c4", True)
+                    pause(ours, True)
             for cell in results:
                 for arm in orders[r % len(orders)]:
                     server = servers[arm]
@@ -339,7 +374,8 @@ def main() -> None:
                         res = measured_run(server, model, prompts, args.max_tokens,
                                            cell[0], cell[1] == "traced", args.settle_s,
                                            work / f"{'ours' if arm == OFF else arm}.gc.json"
-                                           if args.probe else None)
+                                           if args.probe or (args.meter and arm == "ours")
+                                           else None)
                     finally:
                         if arm == OFF:
                             switch_hooks(server, work / "ours.gc.json.switch", "on")
@@ -355,7 +391,9 @@ def main() -> None:
                           f"ms/{unit}  EngineCore {cpu['engine']:6.2f}  worker "
                           f"{cpu['worker']:6.2f}  exporter {cpu['exporter']:5.2f}  "
                           f"{res['requests'] / res['wall_s']:6.1f} req/s"
-                          f"  load {load_avg[-1]:.2f}", flush=True)
+                          f"  load {load_avg[-1]:.2f}"
+                          + (f"  own {res['own_us']['api_server']:5.1f} us/req"
+                             if "own_us" in res else ""), flush=True)
             if args.fresh and r + 1 < args.rounds:
                 stop_all(servers)
                 servers = {}
@@ -402,6 +440,10 @@ def main() -> None:
             print(f"  {'':14s} ours / off, one process: API {fmt(same['median'])} "
                   f"[{fmt(same['median_95ci'][0])}-{fmt(same['median_95ci'][1])}] "
                   f"{same['difference_ms_median']:+.3f} ms/request")
+        own = f.get("own_us_per_request")
+        if own:
+            print(f"  {'':14s} our frames' own CPU in the API server (metered): "
+                  f"{own['median']:.1f} us/request")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import replace
 
 import pytest
@@ -123,6 +124,48 @@ def test_stream_read_to_its_end_is_emitted_once_the_caller_took_the_final_output
     assert semconv.ATTR_REQUEST_ABORTED not in attrs
     assert attrs[semconv.ATTR_REQUEST_STREAMING] is True
     assert attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 2
+
+
+def test_finished_requests_are_emitted_in_one_batch_each_span_ending_when_its_request_did(
+        engine, api_telemetry, monkeypatch):
+    """In a busy server one request's emission runs with cold caches (about twenty times the
+    same code run back to back): finished requests wait ``EMIT_DELAY_S`` and go out together,
+    each span still ending when its request ended, not when it was emitted."""
+    exporter, _ = api_telemetry
+    monkeypatch.setattr(request.api, "EMIT_DELAY_S", 0.3)
+    looks: list[list[str]] = []
+    settle = request.api._settle
+
+    def look(*args):
+        looks.append(sorted(request.state.settling))
+        settle(*args)
+
+    monkeypatch.setattr(request.api, "_settle", look)
+    ended: dict[str, int] = {}
+
+    def spans():
+        return {s.attributes[semconv.VLLM_REQUEST_ID]: s for s in exporter.get_finished_spans()
+                if s.name == semconv.SPAN_REQUEST}
+
+    async def scenario():
+        for rid in ("cmpl-batch-1", "cmpl-batch-2"):
+            agen = await _first_output(engine, rid, max_tokens=2)
+            engine.step(rid, 22, finish=True)
+            ended[rid] = time.time_ns()
+            assert [o.finished for o in [out async for out in agen]] == [True]
+            await asyncio.sleep(0.05)
+        assert not spans()  # both finished and taken by their callers; none emitted yet
+        await asyncio.sleep(0.4)
+        assert not request.state.settling
+
+    asyncio.run(scenario())
+    assert looks == [["cmpl-batch-1", "cmpl-batch-2"]]  # one look emitted both
+    emitted = spans()
+    assert set(emitted) == set(ended)
+    for rid, span in emitted.items():
+        assert span.end_time <= ended[rid]  # the request's end, not the emission's
+        assert ended[rid] - span.end_time < 50_000_000
+        assert semconv.ATTR_REQUEST_ABORTED not in span.attributes
 
 
 def test_caller_that_stops_reading_is_emitted_as_finished_after_the_give_up(engine, api_telemetry,

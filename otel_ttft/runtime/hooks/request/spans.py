@@ -93,7 +93,8 @@ def parent_context(trace_headers: Mapping[str, str] | None,
                    current: otel_context.Context | None) -> tuple[otel_context.Context, SpanKind]:
     """The request span's parent: the current (HTTP server) span if there is one, else the
     caller's ``traceparent``, else none. SERVER unless a local server span already exists."""
-    if current is not None and trace.get_current_span(current).get_span_context().is_valid:
+    # A ``Context`` is a dict: an empty one (no HTTP server span: the usual case) holds no span.
+    if current and trace.get_current_span(current).get_span_context().is_valid:
         return current, SpanKind.INTERNAL
     if trace_headers:
         ctx = _parse_traceparent(trace_headers)
@@ -105,7 +106,11 @@ def parent_context(trace_headers: Mapping[str, str] | None,
             ctx = TraceContextTextMapPropagator().extract(
                 {k: v for k, v in trace_headers.items() if k in ("traceparent", "tracestate")})
         return ctx, SpanKind.SERVER
-    return otel_context.Context(), SpanKind.SERVER
+    return _ROOT, SpanKind.SERVER
+
+
+_ROOT = otel_context.Context()
+"""No parent: a new trace (read only, as every context is)."""
 
 
 def _parse_traceparent(headers: Mapping[str, str]) -> otel_context.Context | None:

@@ -180,9 +180,15 @@ fresh: dict[str, RequestRecord] = {}
 output is looked up for."""
 
 
+stoppable: set[str] = set()
+"""The requests of ``live`` with stop strings: their detokenizer may end them in a step whose
+output does not say so (vLLM then aborts them in EngineCore: ``reqs_to_abort``)."""
+
+
 def forget(rid: str) -> RequestRecord | None:
-    """The record leaves ``live`` (and ``fresh``)."""
+    """The record leaves ``live`` (and ``fresh``, ``stoppable``)."""
     fresh.pop(rid, None)
+    stoppable.discard(rid)
     return live.pop(rid, None)
 
 
