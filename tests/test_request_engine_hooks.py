@@ -1,0 +1,96 @@
+"""EngineCore's per-step hooks on vLLM's real ``Scheduler``: the admission-time hook stands aside
+for good on a scheduler whose stats logging stamps the events itself."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from otel_ttft.runtime.hooks import request
+from otel_ttft.runtime.hooks.registry import HookSet
+from otel_ttft.runtime.hooks.request import engine
+
+pytestmark = [pytest.mark.vllm_import, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+
+def _scheduler(model_dir, log_stats: bool, cls=None):
+    import torch
+    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    model = ModelConfig(model=str(model_dir), max_model_len=512, dtype="float32")
+    cache = CacheConfig(block_size=32, enable_prefix_caching=False)
+    cache.num_gpu_blocks = 64
+    sched = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=512, max_model_len=512,
+                            is_encoder_decoder=False)
+    config = VllmConfig(model_config=model, cache_config=cache, scheduler_config=sched)
+    spec = FullAttentionSpec(block_size=32, num_kv_heads=4, head_size=32, dtype=torch.float32)
+    kv = KVCacheConfig(num_blocks=64, kv_cache_tensors=[],
+                       kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec)])
+    return (cls or Scheduler)(config, kv, StructuredOutputManager(config), block_size=32,
+                              log_stats=log_stats)
+
+
+def _add(scheduler, rid: str) -> None:
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.engine import EngineCoreRequest
+    from vllm.v1.request import Request
+
+    core = EngineCoreRequest(
+        request_id=rid, prompt_token_ids=[11, 12, 13, 14], mm_features=None,
+        sampling_params=SamplingParams(max_tokens=4), pooling_params=None,
+        arrival_time=time.time(), lora_request=None, cache_salt=None, data_parallel_rank=None,
+        external_req_id=rid)
+    scheduler.add_request(Request.from_engine_core_request(core, None))
+
+
+@pytest.fixture
+def engine_hooks():
+    hooks = HookSet([h for h in request.HOOKS if h.process == "engine_core"])
+    hooks.apply()
+    yield hooks
+    hooks.remove()
+    engine._state.clear()
+
+
+def test_a_scheduler_that_stamps_its_own_events_calls_its_own_schedule_after_the_first_step(
+        tiny_model, engine_hooks):
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    scheduler = _scheduler(tiny_model, log_stats=True)
+    assert "schedule" not in vars(scheduler)
+    _add(scheduler, "r-stats-1")
+    scheduler.schedule()
+    bound = vars(scheduler)["schedule"]
+    assert bound.__func__ is Scheduler.schedule.__wrapped__  # vLLM's own, no wrapper
+    assert scheduler.schedule().total_num_scheduled_tokens >= 0
+    engine_hooks.remove()  # uninstrumented: the same function as before
+    assert scheduler.schedule.__func__ is Scheduler.schedule
+
+
+def test_a_scheduler_without_stats_keeps_the_hook_and_gets_its_admission_times(
+        tiny_model, engine_hooks):
+    scheduler = _scheduler(tiny_model, log_stats=False)
+    _add(scheduler, "r-nostats-1")
+    before = time.monotonic()
+    scheduler.schedule()
+    scheduler.schedule()
+    assert "schedule" not in vars(scheduler)
+    (kind, at), = engine._state["r-nostats-1"].schedule
+    assert before <= at <= time.monotonic()
+
+
+def test_a_subclass_that_overrides_schedule_is_left_as_it_is(tiny_model, engine_hooks):
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    class Own(Scheduler):
+        def schedule(self):
+            return super().schedule()
+
+    scheduler = _scheduler(tiny_model, log_stats=True, cls=Own)
+    _add(scheduler, "r-own-1")
+    scheduler.schedule()
+    assert "schedule" not in vars(scheduler)  # its override still runs, ours through super()

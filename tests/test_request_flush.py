@@ -1,0 +1,59 @@
+"""When the chunk carrying a request's first token left: the ``request.flush`` hook on starlette's
+real ``StreamingResponse``."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from otel_ttft.runtime.hooks import request
+from otel_ttft.runtime.hooks.registry import HookSet
+from otel_ttft.runtime.hooks.request import api, state
+
+
+def test_the_first_chunk_after_the_first_output_is_timed_and_later_ones_pass_straight_through(
+        monkeypatch):
+    from starlette.responses import StreamingResponse
+
+    looks: list[str] = []
+    timed_call = api._TimedSend.__call__
+
+    def counted(self, message):
+        looks.append(message.get("body", message["type"]))
+        return timed_call(self, message)
+
+    monkeypatch.setattr(api._TimedSend, "__call__", counted)
+    boxes: list[state.FlushBox] = []
+    sent: list[tuple[bytes | None, float]] = []
+
+    async def body():
+        yield b"role"  # written before any output: not the first token's chunk
+        box = state.FLUSH.get()
+        boxes.append(box)
+        box.armed = True  # what the request's first output does (``RequestRecord.on_first``)
+        yield b"first"
+        yield b"second"
+        yield b"third"
+
+    async def send(message):
+        await asyncio.sleep(0.01)  # the server writing it
+        sent.append((message.get("body"), time.monotonic()))
+
+    async def receive():
+        await asyncio.sleep(10)
+        return {"type": "http.disconnect"}
+
+    hooks = HookSet([h for h in request.HOOKS if h.name == "request.flush"])
+    hooks.apply()
+    try:
+        scope = {"type": "http", "asgi": {"spec_version": "2.4"}, "method": "GET"}
+        asyncio.run(StreamingResponse(body())(scope, receive, send))
+    finally:
+        hooks.remove()
+
+    assert [b for b, _ in sent] == [None, b"role", b"first", b"second", b"third", b""]
+    (box,) = boxes
+    written = dict(sent)
+    assert written[b"first"] <= box.first < written[b"second"]  # once the server wrote it
+    # Ours looked at the start, the role chunk and the first token's; vLLM's send took the rest.
+    assert looks == ["http.response.start", b"role", b"first"]
