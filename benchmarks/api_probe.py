@@ -126,9 +126,9 @@ _originals: dict = {}
 
 def _free_functions(on: bool) -> None:
     """Our code that runs outside any wrapper, metered too (API process only)."""
-    from otel_ttft.runtime.hooks.request import api
+    from otel_ttft.runtime.hooks.request import api, flush
 
-    targets = {(api, "_settle"): "request.settle", (api._TimedSend, "__call__"): "request.send"}
+    targets = {(api, "_settle"): "request.settle", (flush._TimedSend, "__call__"): "request.send"}
     for spec in filter(None, os.environ.get("BENCH_PROBE_METER_FUNCS", "").split(",")):
         module, _, qualname = spec.partition(":")  # inclusive time only: not in the total
         *owners, name = qualname.split(".")

@@ -1,6 +1,7 @@
 """Per-request cost of the request path, measured on vLLM's real classes in one process.
 
-A real ``Scheduler`` (EngineCore side) and a real ``OutputProcessor`` with the tiny model's
+A real ``Scheduler`` and vLLM's ``MultiprocExecutor.execute_model``/``sample_tokens`` over a
+stand-in ``collective_rpc`` (EngineCore side) and a real ``OutputProcessor`` with the tiny model's
 tokenizer (API side) run a fixed batch of requests to completion, the model replaced by "sample
 one token per finished prefill", with and without our hooks (interleaved rounds).
 
@@ -62,7 +63,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from otel_ttft.runtime import config
-from otel_ttft.runtime.hooks import request
+from otel_ttft.runtime.hooks import request, rpc
 from otel_ttft.runtime.hooks.registry import HookSet
 from otel_ttft.runtime.hooks.request import api as request_api
 from otel_ttft.runtime.hooks.request import state
@@ -159,9 +160,28 @@ def build(model_dir: str, n_requests: int):
                               block_size=32, log_stats=True)
         processor = OutputProcessor(tokenizer, log_stats=True, stream_interval=1,
                                     tracing_enabled=False)
-        return scheduler, processor
+        return scheduler, processor, _Executor()
 
     return fresh
+
+
+class _Executor:
+    """vLLM's ``MultiprocExecutor.execute_model`` and ``sample_tokens``, EngineCore's two RPCs per
+    step, over a ``collective_rpc`` that hands back the step's model output instead of
+    broadcasting to a worker process: our ``rpc.parent_context`` hook wraps it as it wraps
+    vLLM's (its own time is EngineCore's)."""
+
+    def __init__(self) -> None:
+        from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+
+        type(self).execute_model = vars(MultiprocExecutor)["execute_model"]
+        type(self).sample_tokens = vars(MultiprocExecutor)["sample_tokens"]
+        self.output_rank = 0
+        self.kv_output_aggregator = self.ec_output_aggregator = None
+        self.output = None
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None, **options):
+        return self.output if method == "sample_tokens" else None
 
 
 TRACED = False  # --traced: every request arrives with a sampled traceparent
@@ -197,7 +217,7 @@ def run_batch(fresh, n_requests: int, n_tokens: int, seed: int) -> Timing:
     from vllm.v1.outputs import ModelRunnerOutput
     from vllm.v1.request import Request
 
-    scheduler, processor = fresh()
+    scheduler, processor, executor = fresh()
     timing = Timing()
     params = SamplingParams(max_tokens=n_tokens, min_tokens=n_tokens, ignore_eos=True,
                             temperature=0, output_kind=RequestOutputKind.DELTA)
@@ -243,10 +263,12 @@ def run_batch(fresh, n_requests: int, n_tokens: int, seed: int) -> Timing:
         reqs = scheduler.requests
         sampled = [[(step + k) % 2000 + 10] if reqs[r].num_computed_tokens >= reqs[r].num_tokens
                    else [] for k, r in enumerate(ids)]
-        runner_out = ModelRunnerOutput(req_ids=ids,
-                                       req_id_to_index={r: k for k, r in enumerate(ids)},
-                                       sampled_token_ids=sampled)
+        executor.output = ModelRunnerOutput(req_ids=ids,
+                                            req_id_to_index={r: k for k, r in enumerate(ids)},
+                                            sampled_token_ids=sampled)
         t2 = _clock()
+        executor.execute_model(out, non_block=False)
+        runner_out = executor.sample_tokens(None)
         engine_outputs = scheduler.update_from_output(out, runner_out)
         t3 = _clock()
         timing.engine_s += (t1 - t0) + (t3 - t2)
@@ -395,7 +417,8 @@ def measure(fresh, provider: TracerProvider, n: int, tokens: int, rounds: int) -
     ours: list[dict] = []
     for r in range(rounds):
         meter = Meter()
-        hooks = HookSet([meter.timed(h) for h in request.HOOKS
+        rpc_hook = replace(rpc.COLLECTIVE_RPC, target=f"{__name__}:_Executor.collective_rpc")
+        hooks = HookSet([meter.timed(h) for h in [*request.HOOKS, rpc_hook]
                          if h.name != "request.generate" and h.name not in skipped])
         for mode in (("plain", "full") if r % 2 == 0 else ("full", "plain")):
             if mode == "full":

@@ -94,3 +94,40 @@ def test_a_subclass_that_overrides_schedule_is_left_as_it_is(tiny_model, engine_
     _add(scheduler, "r-own-1")
     scheduler.schedule()
     assert "schedule" not in vars(scheduler)  # its override still runs, ours through super()
+
+
+def _step(scheduler, token: int = 5):
+    """One engine step: vLLM's ``schedule``, a model output of one token per scheduled request,
+    its ``update_from_output``; the outputs per request id."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    out = scheduler.schedule()
+    ids = list(out.num_scheduled_tokens)
+    runner = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                               sampled_token_ids=[[token] for _ in ids])
+    outputs = scheduler.update_from_output(out, runner)
+    return {o.request_id: o for eco in outputs.values() for o in eco.outputs}
+
+
+def test_the_payload_step_hook_stands_aside_while_no_request_waits_for_its_first_output(
+        tiny_model, engine_hooks):
+    """Payloads ride on first outputs; in the steps after, vLLM's own ``update_from_output``
+    runs, until the next request arrives."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from otel_ttft.semconv import ENGINE_PAYLOAD_HEADER
+
+    scheduler = _scheduler(tiny_model, log_stats=True)
+    _add(scheduler, "r-pay-1")
+    first = _step(scheduler)["r-pay-1"]
+    assert ENGINE_PAYLOAD_HEADER in first.trace_headers
+    assert "update_from_output" not in vars(scheduler)
+    later = _step(scheduler)["r-pay-1"]  # nothing due: the hook hands over to vLLM
+    assert not (later.trace_headers or {})
+    bound = vars(scheduler)["update_from_output"]
+    assert bound.__func__ is Scheduler.update_from_output.__wrapped__
+    _add(scheduler, "r-pay-2")  # a request to ship a payload for: through the hook again
+    assert "update_from_output" not in vars(scheduler)
+    outputs = _step(scheduler)
+    assert ENGINE_PAYLOAD_HEADER in outputs["r-pay-2"].trace_headers
+    assert not (outputs["r-pay-1"].trace_headers or {})

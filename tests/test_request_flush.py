@@ -8,7 +8,7 @@ import time
 
 from otel_ttft.runtime.hooks import request
 from otel_ttft.runtime.hooks.registry import HookSet
-from otel_ttft.runtime.hooks.request import api, state
+from otel_ttft.runtime.hooks.request import flush, state
 
 
 def test_the_first_chunk_after_the_first_output_is_timed_and_later_ones_pass_straight_through(
@@ -16,13 +16,13 @@ def test_the_first_chunk_after_the_first_output_is_timed_and_later_ones_pass_str
     from starlette.responses import StreamingResponse
 
     looks: list[str] = []
-    timed_call = api._TimedSend.__call__
+    timed_call = flush._TimedSend.__call__
 
     def counted(self, message):
         looks.append(message.get("body", message["type"]))
         return timed_call(self, message)
 
-    monkeypatch.setattr(api._TimedSend, "__call__", counted)
+    monkeypatch.setattr(flush._TimedSend, "__call__", counted)
     boxes: list[state.FlushBox] = []
     sent: list[tuple[bytes | None, float]] = []
 

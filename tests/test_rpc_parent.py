@@ -64,3 +64,59 @@ def test_without_a_current_span_nothing_changes():
 
     rpc._wrap_collective_rpc(fake, None, ("determine_available_memory",), {})
     assert sent["method"] == "determine_available_memory"
+
+
+class _Executor:
+    """vLLM's own ``execute_model``/``sample_tokens`` (``MultiprocExecutor``) and
+    ``sleep``/``wake_up`` (``Executor``) over a ``collective_rpc`` that records what it is sent
+    instead of broadcasting it to worker processes."""
+
+    def __init__(self):
+        self.sent: list = []
+        self.output_rank = 0
+        self.kv_output_aggregator = self.ec_output_aggregator = None
+        self.sleeping_tags: set[str] = set()
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None, **options):
+        self.sent.append(method)
+
+
+@pytest.fixture
+def executor_hooks():
+    from dataclasses import replace
+
+    from vllm.v1.executor.abstract import Executor
+    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+
+    from otel_ttft.runtime.hooks.registry import HookSet
+
+    for name in ("execute_model", "sample_tokens"):
+        setattr(_Executor, name, vars(MultiprocExecutor)[name])
+    for name in ("sleep", "wake_up", "is_sleeping"):
+        setattr(_Executor, name, vars(Executor)[name])
+    targets = {"rpc.parent_context": "collective_rpc", "rpc.parent_context.sleep": "sleep",
+               "rpc.parent_context.wake_up": "wake_up"}
+    hooks = HookSet([replace(h, target=f"{__name__}:_Executor.{targets[h.name]}", applied=False)
+                     for h in rpc.HOOKS if h.name in targets])
+    hooks.apply()
+    yield
+    hooks.remove()
+
+
+def test_the_per_step_rpcs_run_without_our_wrapper_and_sleep_brings_it_back(executor_hooks):
+    executor = _Executor()
+    with trace.get_tracer("test").start_as_current_span("Engine step"):
+        executor.execute_model(None)
+    assert vars(executor)["collective_rpc"].__func__ is _Executor.collective_rpc.__wrapped__
+    executor.sample_tokens(None)
+    with trace.get_tracer("test").start_as_current_span("Sleep"):
+        executor.sleep(level=1)  # vLLM's Executor.sleep: its RPC through our wrapper again
+    *steps, sleep = executor.sent
+    assert steps == ["execute_model", "sample_tokens"]
+    assert isinstance(sleep, rpc.TracedCall) and sleep.method == "sleep"
+    assert "collective_rpc" not in vars(executor)
+    executor.execute_model(None)
+    assert "collective_rpc" in vars(executor)  # the next step stands it aside again
+    with trace.get_tracer("test").start_as_current_span("Wake up"):
+        executor.wake_up()
+    assert isinstance(executor.sent[-1], rpc.TracedCall)

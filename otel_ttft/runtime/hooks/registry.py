@@ -201,6 +201,31 @@ def _guard_split(hook: Hook) -> WrapperFn:
     return guarded
 
 
+def bypass(instance: Any, name: str) -> None:
+    """``instance`` calls vLLM's own method ``name`` from now on, not through our wrapper: an
+    instance attribute bound to what the wrapper wraps shadows the class's. Only where the
+    class's attribute is our wrapper itself (not a subclass's override, nor another library's
+    wrapper around ours). For a per-step hook with nothing to do for a while: the wrapper's
+    frames alone cost a busy server about 3 us a step (caches cold). :func:`restore` undoes it."""
+    for klass in type(instance).__mro__:
+        if name in vars(klass):
+            attr = vars(klass)[name]
+            break
+    else:
+        return
+    guarded = getattr(attr, "_self_wrapper", None)
+    wrapped = getattr(attr, "__wrapped__", None)
+    if wrapped is not None and getattr(guarded, "__module__", None) == __name__:
+        setattr(instance, name, wrapped.__get__(instance, type(instance)))
+
+
+def restore(instance: Any, name: str) -> None:
+    """The class's wrapper again for ``instance`` (after :func:`bypass`): the hook has work."""
+    bound = vars(instance).get(name)
+    if bound is not None and getattr(bound, "__self__", None) is instance:
+        del vars(instance)[name]
+
+
 FINISHED, ABORTED, FAILED = "finished", "aborted", "failed"
 
 
@@ -346,6 +371,16 @@ def resolve(hook: Hook) -> tuple[bool, str]:
     return True, "ok"
 
 
+applied: dict[str, Hook] = {}
+"""Hook name -> the hook applied under it now (hooks that rely on another ask here)."""
+
+
+def working(name: str) -> bool:
+    """Whether the hook ``name`` is applied and has not failed (its guard would bypass it)."""
+    hook = applied.get(name)
+    return hook is not None and not hook.failed
+
+
 class HookSet:
     """Applies hooks lazily on import, and undoes them on uninstrument."""
 
@@ -385,6 +420,7 @@ class HookSet:
             try:
                 wrapt.wrap_function_wrapper(parent, attr, guard(hook))
                 hook.applied = True
+                applied[hook.name] = hook
             except Exception as exc:  # noqa: BLE001
                 report_failure(hook, exc)
 
@@ -409,3 +445,5 @@ class HookSet:
             if parent is not None:
                 unwrap(parent, attr)
             hook.applied = False
+            if applied.get(hook.name) is hook:
+                del applied[hook.name]

@@ -17,10 +17,13 @@ API process (``api``):
 - ``request.generate`` -- ``AsyncLLM.generate``, applied only with content capture opted in (the
   output text per choice); otherwise vLLM's ``generate`` is not wrapped at all.
 - ``request.outputs`` -- ``OutputProcessor.process_outputs`` (hot): the first output's engine
-  timestamp, QUEUED/SCHEDULED/PREEMPTED events and the EngineCore payload; the second token's time;
-  the requests this step ended (a final output, or a stop string: ``reqs_to_abort``). Per output:
-  two attribute reads and a lookup among the requests still waiting for their first two tokens
-  (``state.fresh``); output tokens are counted once, from vLLM's state, at the end.
+  timestamp, QUEUED/SCHEDULED/PREEMPTED events and the EngineCore payload; the second token's time.
+  Per output, two attribute reads and a lookup among the requests still waiting for their first
+  two tokens (``state.fresh``); while none waits, vLLM's own method runs without our wrapper
+  (``registry.bypass``) until ``request.add`` takes the next request.
+- ``request.finish`` -- ``OutputProcessor._update_stats_from_finished``: a request ended (its
+  final output, or a stop string its detokenizer found); output tokens and preemptions are read
+  once, from vLLM's state.
 - ``request.abort`` / ``request.error`` -- ``abort_requests``, ``propagate_error``: requests that
   end otherwise. An offline (``LLMEngine``)
   request is emitted when it finishes; one a ``generate`` call consumes once that call took its
@@ -42,11 +45,12 @@ Worker (``worker``): ``request.adapter_load`` (an adapter loaded inside a step; 
 step are timed by ``warmup.compile``, the one ``monitor_torch_compile`` wrapper) and
 ``request.warmup_ship`` (hands those times to EngineCore with the step's output).
 
-Modules: ``api`` (API-process hooks), ``first_use`` (front-end cache fills), ``engine``
-(EngineCore hooks), ``worker`` (adapter/compile/output hooks), ``payload`` (EngineCore -> API
-payload), ``state`` (per-request state), ``timeline`` (the tiling rule), ``detail`` (which
-requests get a span), ``spans`` (the span tree), ``metrics`` (the TTFT histogram and time per
-stage), ``histogram`` (TTFT samples written into the SDK's own aggregation).
+Modules: ``api`` (API-process hooks), ``flush`` (the first token's chunk on its way out),
+``first_use`` (front-end cache fills), ``engine`` (EngineCore hooks), ``worker``
+(adapter/compile/output hooks), ``payload`` (EngineCore -> API payload), ``state`` (per-request
+state), ``timeline`` (the tiling rule), ``detail`` (which requests get a span), ``spans`` (the
+span tree), ``metrics`` (the TTFT histogram and time per stage), ``histogram`` (TTFT samples
+written into the SDK's own aggregation).
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ from otel_ttft import semconv
 from otel_ttft.runtime.hooks.registry import Hook
 from otel_ttft.runtime.hooks.request import engine, first_use, worker
 from otel_ttft.runtime.hooks.request.api import (
+    FINISH_HOOK,
     OUTPUTS_HOOK,
     CaptureText,
     wrap_abort_requests,
@@ -62,8 +67,8 @@ from otel_ttft.runtime.hooks.request.api import (
     wrap_do_tracing,
     wrap_engine_add_request,
     wrap_propagate_error,
-    wrap_stream_response,
 )
+from otel_ttft.runtime.hooks.request.flush import wrap_stream_response
 
 API_SERVER, ENGINE_CORE, WORKER = semconv.PROCESS_KINDS
 _OP = "vllm.v1.engine.output_processor:OutputProcessor"
@@ -78,6 +83,7 @@ HOOKS: list[Hook] = [
     Hook("request.generate", "vllm.v1.engine.async_llm:AsyncLLM.generate", CaptureText,
          process=API_SERVER, needs="capture_content"),
     OUTPUTS_HOOK,
+    FINISH_HOOK,
     Hook("request.abort", f"{_OP}.abort_requests", wrap_abort_requests, process=API_SERVER),
     Hook("request.error", f"{_OP}.propagate_error", wrap_propagate_error, process=API_SERVER),
     Hook("request.vllm_span", f"{_OP}.do_tracing", wrap_do_tracing, process=API_SERVER),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 from collections.abc import Callable
 from functools import cache
@@ -14,19 +13,28 @@ from opentelemetry import context as otel_context
 from otel_ttft import semconv
 from otel_ttft.runtime import config
 from otel_ttft.runtime.context import process as this_process
-from otel_ttft.runtime.hooks.registry import PASS, Hook, Split, Stream, report_failure
+from otel_ttft.runtime.hooks.registry import (
+    PASS,
+    Hook,
+    Split,
+    Stream,
+    bypass,
+    report_failure,
+    restore,
+    working,
+)
 from otel_ttft.runtime.hooks.request import cold, state
 from otel_ttft.runtime.hooks.request import spans as request_spans
 from otel_ttft.runtime.hooks.request.state import (
     CALLER_HEADERS,
     FLUSH,
     TEXTS,
-    FlushBox,
     RequestRecord,
     forget,
     fresh,
     live,
     output_tokens,
+    preemptions,
     settling,
     stoppable,
 )
@@ -126,22 +134,21 @@ def wrap_add_request(call: Callable[..., Any], instance: Any, args: tuple,
     rec.model = rec.lora.lora_name if rec.lora is not None else this_process.served_model
     cold.note_activation(rec)
     live[rid] = fresh[rid] = rec
-    if getattr(params, "stop", None):  # its detokenizer may end it (``after_process_outputs``)
-        stoppable.add(rid)
+    restore(instance, "process_outputs")  # its first outputs are looked at
+    if getattr(params, "stop", None) and not _ends_in_finish_hook():
+        stoppable.add(rid)  # its detokenizer may end it (``after_process_outputs``)
     return result
 
 
 # --- OutputProcessor.process_outputs (hot: every output of every request) ------------------------
 
 def before_process_outputs(instance: Any, args: tuple, kwargs: dict) -> Any:
-    """Ahead of vLLM's step (at concurrency 1, once per streamed token): what the outputs say.
-    Per output, two attribute reads and one lookup in ``fresh``; the record only for a
-    request's first two outputs, scheduling events and its final output (tokens are counted
-    once, when it ends). Returns the records whose final output this is, for after the step; or
-    :data:`PASS` (vLLM's call without an ``after``) when none is, and no request of ours could end
-    by a stop string either (``stoppable``): the usual step."""
-    if not live:
-        return PASS
+    """Ahead of vLLM's step: what the outputs of requests still waiting for their first two tokens
+    (``fresh``) say, and scheduling events. Once none waits, the output processor calls vLLM's
+    own method (``bypass``) until the next request arrives (``wrap_add_request``): at
+    concurrency 1 most steps then run without a frame of ours. Requests end in
+    ``wrap_finished``; only where that hook is missing are ends found here, every step
+    (returned for ``after_process_outputs``)."""
     outputs = args[0] if args else kwargs["engine_core_outputs"]
     ts = args[1] if len(args) > 1 else kwargs.get("engine_core_timestamp")
     now = None
@@ -162,12 +169,17 @@ def before_process_outputs(instance: Any, args: tuple, kwargs: dict) -> Any:
             if ending is None:
                 ending = []
             ending.append(rec)
+    if _ends_in_finish_hook():
+        if not fresh:
+            bypass(instance, "process_outputs")
+        return PASS
     return PASS if ending is None and not stoppable else ending
 
 
 def after_process_outputs(ending: list[RequestRecord] | None, instance: Any, args: tuple,
                           kwargs: dict, result: Any) -> None:
-    """After it: the requests this step ended, by their final output or a stop string."""
+    """Without ``wrap_finished`` (a vLLM that renamed it): the requests this step ended, by
+    their final output or a stop string."""
     stopped = result.reqs_to_abort  # ended by a stop string the detokenizer found
     if ending or stopped:
         states = instance.request_states
@@ -184,6 +196,29 @@ def after_process_outputs(ending: list[RequestRecord] | None, instance: Any, arg
 wrap_process_outputs = Split(before_process_outputs, after_process_outputs)
 
 
+# --- OutputProcessor._update_stats_from_finished: a request ended ---------------------------------
+
+def _ends_in_finish_hook() -> bool:
+    """Whether requests end in ``wrap_finished`` (applied, and not bypassed by a failure)."""
+    return working(FINISH_HOOK_NAME)
+
+
+def wrap_finished(call: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+    """vLLM calls this once per request its outputs ended (a final output, or a stop string its
+    detokenizer found), after freeing it: the request ends here, whether or not our per-step
+    hook still looks at its outputs. With vLLM's tracing on, ``do_tracing`` follows and ends it
+    (``wrap_do_tracing``), carrying vLLM's attributes."""
+    result = call(*args, **kwargs)
+    if live and not instance.tracing_enabled:
+        req_state = args[0] if args else kwargs["req_state"]
+        rec = live.get(req_state.request_id)
+        if rec is not None:
+            reason = args[1] if len(args) > 1 else kwargs.get("finish_reason")
+            rec.finish = rec.finish or (str(reason) if reason is not None else None)
+            _end([rec], time.monotonic())
+    return result
+
+
 def _end(records: list[RequestRecord], now: float) -> None:
     """Requests vLLM's ``OutputProcessor`` let go: emitted now, or once their ``generate`` call
     took the final output (``settling``), in a batch ``EMIT_DELAY_S`` on."""
@@ -191,6 +226,7 @@ def _end(records: list[RequestRecord], now: float) -> None:
         forget(rec.rid)
         rec.done = now
         rec.out_tokens = output_tokens(rec.state) or rec.out_tokens
+        rec.preemptions = preemptions(rec.state)
         rec.state = None  # vLLM's request state (its detokenizer) is not kept while it waits
         if rec.queue is None:  # nobody takes its outputs from a queue: emitted at once
             request_spans.emit_request(rec, now)
@@ -336,54 +372,25 @@ def wrap_do_tracing(call: Callable[..., Any], instance: Any, args: tuple,
     }
     if req_state.n:
         rec.vllm[V.GEN_AI_REQUEST_N] = req_state.n
+    if _ends_in_finish_hook() and req_state.request_id not in instance.request_states:
+        rec.finish = rec.finish or _finish_reason(args, kwargs)
+        _end([rec], time.monotonic())
     return None
 
 
-# --- starlette StreamingResponse.stream_response: when the first token's chunk left ------------
-
-class _Send(functools.partial):
-    """starlette's ASGI ``send`` of one streaming response (``func``), called from C: a
-    ``partial`` adds no Python frame to a chunk."""
-
-    __slots__ = ("box",)
+def _finish_reason(args: tuple, kwargs: dict) -> str | None:
+    """``do_tracing``'s final output's finish reason (a stop string's: ``stop``)."""
+    eco = args[0] if args else kwargs.get("engine_core_output")
+    reason = getattr(eco, "finish_reason", None)
+    return str(reason) if reason is not None else "stop"
 
 
-class _TimedSend(_Send):
-    """The same ``send`` until the first body chunk after the request's first output: that one
-    is awaited here and timestamped once the server has written it, and the object becomes a
-    plain ``_Send`` for every later chunk (a Python ``__call__`` per chunk cost the server about
-    1 us a chunk with its caches cold)."""
-
-    __slots__ = ()
-
-    def __call__(self, message: Any) -> Any:
-        if self.box.armed and message.get("type") == "http.response.body":
-            first = self._first(message)
-            self.__class__ = _Send
-            return first
-        return self.func(message)
-
-    async def _first(self, message: Any) -> None:
-        await self.func(message)
-        self.box.first = time.monotonic()
-
-
-def wrap_stream_response(call: Callable[..., Any], instance: Any, args: tuple,
-                         kwargs: dict) -> Any:
-    """Hands starlette's own ``stream_response`` coroutine back, with our ``send`` inside it: a
-    plain function on purpose. An ``async`` wrapper would sit, three coroutine frames deep,
-    around every response for its whole life, and measured end to end that cost the API process
-    about 1.6 ms of CPU per streamed request (open loop, 12 req/s), more than all our other hooks
-    together. The box goes into the context of the task that runs the response (starlette
-    gives it a task of its own), where ``generate`` finds it."""
-    send = args[0] if args else kwargs.pop("send")
-    timed = _TimedSend(send)
-    timed.box = box = FlushBox()
-    FLUSH.set(box)
-    return call(timed, *args[1:], **kwargs)
-
-
-# Defined beside its wrapper: ``_settle`` runs outside any wrapper and reports its failures here.
+# Defined beside their wrappers: ``_settle`` runs outside any wrapper and reports its failures
+# here, and the per-step hook relies on the finish hook while that one is applied.
 OUTPUTS_HOOK = Hook("request.outputs",
                     "vllm.v1.engine.output_processor:OutputProcessor.process_outputs",
                     wrap_process_outputs, process=API_SERVER)
+FINISH_HOOK_NAME = "request.finish"
+FINISH_HOOK = Hook(FINISH_HOOK_NAME,
+                   "vllm.v1.engine.output_processor:OutputProcessor._update_stats_from_finished",
+                   wrap_finished, process=API_SERVER)

@@ -5,8 +5,9 @@ blocks; counts admission attempts (each prefix-cache lookup the scheduler makes 
 the head of its waiting queue: a fresh or preempted request that then fails to get KV blocks is
 looked up again next step); and, only when vLLM's stats logging is off, the queued/scheduled/
 preempted times vLLM would otherwise record as events. Admissions that found no blocks are then
-attempts minus admissions, computed in the API process. Per step the hooks cost a check, plus a
-dict lookup per output while some request is between arrival and its first output.
+attempts minus admissions, computed in the API process. Per step the hooks cost a dict lookup per
+output while some request is between arrival and its first output, and nothing otherwise: the
+scheduler then calls vLLM's own methods (``registry.bypass``).
 
 These ride back to the API process as the ``payload`` of the request's first ``EngineCoreOutput``.
 
@@ -23,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from otel_ttft import semconv
-from otel_ttft.runtime.hooks.registry import PASS, Split
+from otel_ttft.runtime.hooks.registry import PASS, Split, bypass, restore
 from otel_ttft.runtime.hooks.request import payload, worker
 from otel_ttft.runtime.hooks.request.payload import PREEMPTED, SCHEDULED, EnginePayload
 
@@ -46,6 +47,7 @@ def wrap_scheduler_add_request(call: Callable[..., Any], instance: Any, args: tu
     global _own_admission_times
     request = args[0] if args else kwargs["request"]
     rid = request.request_id
+    restore(instance, "update_from_output")  # its first output carries the payload
     if not instance.log_stats:
         _own_admission_times = True
     if rid not in _state:
@@ -78,32 +80,11 @@ wrap_prefix_lookup = Split(before=_count_attempt)
 
 def _schedule_started(instance: Any, args: tuple, kwargs: dict) -> Any:
     if instance.log_stats:  # vLLM stamps the events itself, for this scheduler's whole life
-        _bypass(instance, "schedule")
+        bypass(instance, "schedule")
         return PASS
     if not _own_admission_times or not _state:
         return PASS
     return time.monotonic()  # what vLLM stamps its SCHEDULED events with
-
-
-def _bypass(instance: Any, name: str) -> None:
-    """This instance calls vLLM's own method from now on, not through our wrapper: an instance
-    attribute bound to what the wrapper wraps shadows the class's. Only where the class's
-    attribute is our wrapper itself (not a subclass's override, nor another library's wrapper
-    around ours). A per-step wrapper that never has anything to do still cost EngineCore about
-    3 us a step in a busy server (its caches cold), half its per-step cost from our hooks."""
-    for klass in type(instance).__mro__:
-        if name in vars(klass):
-            attr = vars(klass)[name]
-            break
-    else:
-        return
-    guard = getattr(attr, "_self_wrapper", None)
-    wrapped = getattr(attr, "__wrapped__", None)
-    if wrapped is not None and getattr(guard, "__module__", None) == _REGISTRY:
-        setattr(instance, name, wrapped.__get__(instance, type(instance)))
-
-
-_REGISTRY = Split.__module__  # the module whose guards wrap our hooks
 
 
 def _note_scheduled(scheduled_at: float, instance: Any, args: tuple, kwargs: dict,
@@ -136,8 +117,13 @@ def wrap_preempt_request(call: Callable[..., Any], instance: Any, args: tuple,
 # --- Scheduler.update_from_output: ship the payload with each request's first output --------------
 
 def _payload_due(instance: Any, args: tuple, kwargs: dict) -> Any:
-    """Nothing to ship while no request waits for its first output and no warm-up is pending."""
-    return None if _state or worker.pending else PASS
+    """Nothing to ship while no request waits for its first output and no warm-up is pending:
+    the scheduler then calls vLLM's own method until a request arrives (``restore`` in
+    ``wrap_scheduler_add_request``). Warm-up a worker times meanwhile has nobody to charge."""
+    if _state or worker.pending:
+        return None
+    bypass(instance, "update_from_output")
+    return PASS
 
 
 def _ship_payload(token: None, instance: Any, args: tuple, kwargs: dict, outputs: Any) -> None:

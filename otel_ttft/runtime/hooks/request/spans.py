@@ -270,9 +270,9 @@ def _span_attributes(rec: RequestRecord, eng: EnginePayload | None, ttft: float 
         attrs[semconv.ATTR_REQUEST_FIRST_USE_SECONDS] = _union_s(fills)
     for stage, seconds in stages.items():
         attrs[semconv.REQUEST_STAGE_SECONDS[stage]] = seconds
-    attrs[semconv.ATTR_REQUEST_PREEMPTIONS] = (
-        sum(1 for kind, ts in schedule if kind == PREEMPTED
-            and (rec.first_tok is None or ts < rec.first_tok)) + len(rec.late_preemptions))
+    seen = (sum(1 for kind, ts in schedule if kind == PREEMPTED
+                and (rec.first_tok is None or ts < rec.first_tok)) + len(rec.late_preemptions))
+    attrs[semconv.ATTR_REQUEST_PREEMPTIONS] = max(seen, rec.preemptions or 0)  # vLLM's, if kept
     return attrs
 
 

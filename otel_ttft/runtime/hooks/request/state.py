@@ -100,7 +100,10 @@ class RequestRecord:
     engine: EnginePayload | None = None
     """What EngineCore noted (queue depth, KV blocks, admission attempts, warm-up)."""
     late_preemptions: list[float] = field(default_factory=list)
-    """Preemptions after the first token (span events, not segments)."""
+    """Preemptions after the first token seen in its outputs (span events, not segments); after
+    its second token its outputs are no longer looked at."""
+    preemptions: int | None = None
+    """vLLM's own count of its preemptions (with its stats logging on), read when it ends."""
     finish: str | None = None
     """The engine's finish reason."""
     rejected: str | None = None
@@ -181,8 +184,9 @@ output is looked up for."""
 
 
 stoppable: set[str] = set()
-"""The requests of ``live`` with stop strings: their detokenizer may end them in a step whose
-output does not say so (vLLM then aborts them in EngineCore: ``reqs_to_abort``)."""
+"""Only where vLLM's ``_update_stats_from_finished`` cannot be hooked: the requests of ``live``
+with stop strings, which their detokenizer may end in a step whose output does not say so (vLLM
+then aborts them in EngineCore: ``reqs_to_abort``)."""
 
 
 def forget(rid: str) -> RequestRecord | None:
@@ -190,6 +194,12 @@ def forget(rid: str) -> RequestRecord | None:
     fresh.pop(rid, None)
     stoppable.discard(rid)
     return live.pop(rid, None)
+
+
+def preemptions(req_state: Any) -> int | None:
+    """vLLM's count of the request's preemptions, when it keeps stats."""
+    stats = getattr(req_state, "stats", None)
+    return stats.num_preemptions if stats is not None else None
 
 
 def output_tokens(req_state: Any) -> int | None:
