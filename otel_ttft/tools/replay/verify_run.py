@@ -247,10 +247,11 @@ class Runner:
 
     def _resident(self, argv: list[str], targets: list[dict], adapters: dict, run_dir: Path
                   ) -> tuple[int, str | None]:
-        """Both servers started from their templates and warmed once, then the replay through
-        the resident driver: nothing switches."""
+        """Both servers started from their templates and warmed, then the replay through the
+        resident driver: nothing switches."""
         from opentelemetry import trace
 
+        from otel_ttft.runtime.config import Config
         from otel_ttft.tools.replay import command
         from otel_ttft.tools.replay.client import ChatClient, Sampling
         from otel_ttft.tools.replay.drivers import RestartDriver, closing
@@ -265,9 +266,14 @@ class Runner:
             driver.keep_resident(wanted)
             client = ChatClient(trace.NoOpTracer(), Sampling(max_tokens=self.setup["max_tokens"],
                                                              seed=self.setup["seed"]))
-            try:  # a resident model has served before: one untraced request each
+            # A resident model has served before: untraced requests until its start's cold
+            # ones are over (OTEL_TTFT_COLD_REQUESTS), so that no timed request is among them.
+            warm = max(1, Config.from_env().cold_requests)
+            try:
                 for t in wanted:
-                    client.warm(driver.url(t), t.name, [{"role": "user", "content": SHORT_TEXT}])
+                    for _ in range(warm):
+                        client.warm(driver.url(t), t.name,
+                                    [{"role": "user", "content": SHORT_TEXT}])
             finally:
                 client.close()
             argv = [*argv, "--driver", "resident", "--url-a", driver.url(wanted[0]),
