@@ -299,30 +299,3 @@ def test_a_change_is_judged_by_the_stage_it_is_meant_to_shrink():
     r = verification.compare(v, before, after, BASE, "warmup.compile")
     assert r["verified"] and r["stage"] == "warmup.compile"
 
-
-@pytest.mark.parametrize(("driver", "setup_driver", "repeat"),
-                         [("resident", "restart", "5"), ("restart", "restart", "1"),
-                          ("sleep", "restart", "1")])
-def test_a_switch_through_resident_servers_is_repeated_like_a_warm_scenario(
-        tmp_path, monkeypatch, driver, setup_driver, repeat):
-    """Resident, a switch costs nothing: measured once, its request would be the first the idle
-    server sees (slower than the baseline's back-to-back requests), so it runs --repeat-warm
-    times; a switch that costs a start keeps the original run's --repeat."""
-    from otel_ttft.tools.replay import command
-
-    seen: list[list[str]] = []
-    monkeypatch.setattr(verify_run.Runner, "_resident",
-                        lambda self, argv, *a: (seen.append(argv), (0, None))[1])
-    monkeypatch.setattr(command, "run_argv", lambda argv: seen.append(argv) or 0)
-    monkeypatch.setattr(verify_run, "here_has_gpu", lambda: False)
-    setup = {"driver": setup_driver, "repeat": 1, "repeat_warm": 5, "concurrency": 1,
-             "max_tokens": 4, "seed": 0, "max_model_len": 512,
-             "targets": [{"name": "a", "template": "x"}, {"name": "b", "template": "y"}]}
-    store = type("Store", (), {"directory": str(tmp_path)})()
-    opts = verify_run.Options(tmp_path / "a.json", tmp_path, tmp_path / "out.json", (), 1, 60.0)
-    runner = verify_run.Runner({}, setup, opts, "http://127.0.0.1:1", store, None, None,
-                               sys.stdout)
-    assert runner._replay("switch-back", setup["targets"], driver, tmp_path / "run") == (0, None)
-    (argv,) = seen
-    assert argv[argv.index("--repeat") + 1] == repeat
-    assert argv[argv.index("--repeat-warm") + 1] == "5"

@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated, in order (default: all six)")
     p.add_argument("--repeat", default="1", type=cliargs.int_at_least(1),
                    help="runs of each switching scenario (cold-switch, switch-back: a server "
-                        "start each; default 1)")
+                        "start each; default 1; with --driver resident, at least --repeat-warm)")
     p.add_argument("--repeat-warm", default=str(DEFAULT_REPEAT_WARM),
                    type=cliargs.int_at_least(1),
                    help="runs of every other scenario (requests to a running server: cheap), "

@@ -218,14 +218,8 @@ class Runner:
         s = self.setup
         a, b = targets
         resident = driver == "resident" and s["driver"] == "restart"
-        warm_repeats = s.get("repeat_warm") or s["repeat"]
-        # With both models resident a switch costs nothing, so the switching scenario is
-        # repeated like a warm one: measured once, its request is the first the idle server
-        # sees (vLLM's engine stops spinning a second after its last read), a few ms slower
-        # than the baseline's back-to-back requests, and that alone would read as an expansion.
-        repeat = max(s["repeat"], warm_repeats) if resident else s["repeat"]
-        argv = ["--scenarios", scenario, "--repeat", str(repeat),
-                "--repeat-warm", str(warm_repeats),
+        argv = ["--scenarios", scenario, "--repeat", str(s["repeat"]),
+                "--repeat-warm", str(s.get("repeat_warm") or s["repeat"]),
                 "--concurrency", str(s["concurrency"]), "--max-tokens", str(s["max_tokens"]),
                 "--seed", str(s["seed"]), "--max-model-len", str(s["max_model_len"]),
                 "--otlp-endpoint", self.endpoint, "--out", str(run_dir),
