@@ -57,3 +57,26 @@ def test_the_first_chunk_after_the_first_output_is_timed_and_later_ones_pass_str
     assert written[b"first"] <= box.first < written[b"second"]  # once the server wrote it
     # Ours looked at the start, the role chunk and the first token's; vLLM's send took the rest.
     assert looks == ["http.response.start", b"role", b"first"]
+
+
+def test_the_callers_trace_headers_are_noted_only_when_there_are_some():
+    """``AsyncLLM.add_request``'s hook: an untraced request sets nothing in its task's context
+    (a context variable set is a new context mapping the task keeps); a later call in the same
+    task without headers does not inherit the earlier one's."""
+    import contextvars
+
+    from otel_ttft.runtime.hooks.request import api
+
+    def add(*args, **kwargs):
+        return state.CALLER_HEADERS.get()
+
+    def run():
+        seen = [api.wrap_engine_add_request(add, None, (), {"trace_headers": None})]
+        untouched = contextvars.copy_context()
+        seen.append(api.wrap_engine_add_request(add, None, (), {"trace_headers": {"t": "1"}}))
+        seen.append(api.wrap_engine_add_request(add, None, (), {"trace_headers": None}))
+        return seen, untouched
+
+    seen, untouched = contextvars.Context().run(run)  # nothing set before
+    assert seen == [None, {"t": "1"}, None]
+    assert state.CALLER_HEADERS not in untouched  # the untraced call set nothing

@@ -116,6 +116,18 @@ def test_engine_payload_round_trip():
     assert got.lora_id == 0  # EngineCore-side only: not shipped
 
 
+def test_a_usual_payload_and_record_hold_no_object_the_garbage_collector_tracks():
+    """What a record keeps lives as long as its request and its emission: a list it holds for
+    nothing would bring the API server's next garbage collection closer, every request."""
+    import gc
+
+    got = payload.decode(payload.encode(EnginePayload(123.25, 0, 0, 3, 6)))
+    assert got is not None
+    assert not gc.is_tracked(got.schedule) and not gc.is_tracked(got.compile)
+    rec = RequestRecord("r", "r", 1.0)
+    assert not gc.is_tracked(rec.late_preemptions)
+
+
 @pytest.mark.parametrize("value", [
     "q=1.0;zz=unknown",  # the old hand-encoded string
     "[2,1.0,0,0,0,0,0,[],null,[]]",  # a newer version

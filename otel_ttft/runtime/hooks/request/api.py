@@ -92,7 +92,9 @@ def wrap_engine_add_request(call: Callable[..., Any], instance: Any, args: tuple
     """Notes the caller's ``trace_headers`` before vLLM drops them (it keeps them only for its
     own tracing): a plain function, so no extra coroutine. ``generate`` awaits this in the task
     that then runs ``OutputProcessor.add_request``, where the record reads them."""
-    CALLER_HEADERS.set(kwargs.get("trace_headers", args[6] if len(args) > 6 else None))
+    headers = kwargs.get("trace_headers", args[6] if len(args) > 6 else None)
+    if headers or CALLER_HEADERS.get() is not None:  # an untraced request sets nothing
+        CALLER_HEADERS.set(headers)
     return call(*args, **kwargs)
 
 

@@ -6,7 +6,8 @@ side removes the entry again before vLLM reads it. The value is a versioned JSON
 module is all the API process needs to read it (no EngineCore hook module imported there), and a
 value it does not understand (another version, a client's forged header, garbage) reads as
 ``None``: the request is then reported without EngineCore's counts. msgspec (a vLLM dependency)
-writes and reads it, typed, in a few microseconds on either side, once per request.
+writes and reads it, typed, in a few microseconds on either side, once per request; the API
+side takes the entry out of the output at once and reads it when it emits the request.
 """
 
 from __future__ import annotations
@@ -37,12 +38,14 @@ class EnginePayload:
     """KV-cache blocks in all."""
     attempts: int = 0
     """Admission attempts: prefix-cache lookups made for it while it waited for KV blocks."""
-    schedule: list[tuple[str, float]] = field(default_factory=list)
-    """(``SCHEDULED``|``PREEMPTED``, time), stamped by us only when vLLM records no events."""
+    schedule: list[tuple[str, float]] | tuple[()] = field(default_factory=list)
+    """(``SCHEDULED``|``PREEMPTED``, time), stamped by us only when vLLM records no events
+    (read in the API process: ``()`` when empty)."""
     adapter: tuple[float, float] | None = None
     """(start, end) of a LoRA adapter load it waited for."""
-    compile: list[tuple[float, float]] = field(default_factory=list)
-    """(start, end) of each torch.compile paid inside its wait for the first token."""
+    compile: list[tuple[float, float]] | tuple[()] = field(default_factory=list)
+    """(start, end) of each torch.compile paid inside its wait for the first token (read in the
+    API process: ``()`` when empty)."""
     lora_id: int = 0
     """Its adapter's ``lora_int_id`` (0: none). EngineCore-side only: not shipped."""
 
@@ -94,5 +97,7 @@ def decode(value: str) -> EnginePayload | None:
     for start, end in w.compile if w.adapter is None else [w.adapter, *w.compile]:
         if not (isfinite(start) and isfinite(end)):
             return None
+    # Empty lists as the empty tuple (the usual case: vLLM stamps its own events, nothing
+    # compiled): the API process keeps a payload as long as its request, untracked by the GC.
     return EnginePayload(w.queued, w.waiting, w.running, w.free, w.total, w.attempts,
-                         w.schedule, w.adapter, w.compile)
+                         w.schedule or (), w.adapter, w.compile or ())

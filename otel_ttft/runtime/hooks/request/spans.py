@@ -206,13 +206,14 @@ _PARAMS = (
 def emit_request(rec: RequestRecord, now: float) -> None:
     """The request's span tree and metric samples (its hooks' failure rule applies)."""
     end = now
+    rec.read_payload()
     eng = rec.engine
     queued = rec.queued if rec.queued is not None or eng is None else eng.queued
     schedule = rec.schedule or (eng.schedule if eng is not None else [])
     if rec.first_tok is not None and not rec.schedule:
         for kind, ts in schedule:
             if kind == PREEMPTED and ts >= rec.first_tok:
-                rec.late_preemptions.append(ts)
+                rec.late_preemptions = [*rec.late_preemptions, ts]
     ttft_end = None
     if rec.first_tok is not None:
         # The first chunk written to the client if we saw it, else the API process got it.

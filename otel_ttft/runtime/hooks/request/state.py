@@ -99,9 +99,11 @@ class RequestRecord:
     """Prompt tokens served from the prefix cache."""
     engine: EnginePayload | None = None
     """What EngineCore noted (queue depth, KV blocks, admission attempts, warm-up)."""
-    late_preemptions: list[float] = field(default_factory=list)
+    late_preemptions: list[float] | tuple[()] = ()
     """Preemptions after the first token seen in its outputs (span events, not segments); after
-    its second token its outputs are no longer looked at."""
+    its second token its outputs are no longer looked at. A list only once there is one: every
+    object a record holds lives as long as the request and its emission, and each one the
+    garbage collector tracks brings its next collection closer."""
     preemptions: int | None = None
     """vLLM's own count of its preemptions (with its stats logging on), read when it ends."""
     finish: str | None = None
@@ -123,6 +125,10 @@ class RequestRecord:
     """Its position among the requests since the latest activation (1 = first)."""
     activation: Any = None
     """The latest activation (``hooks.activation``) when it arrived."""
+    payload_due: str | None = None
+    """EngineCore's payload as it came (a ``str``), decoded when the request is emitted
+    (``read_payload``): in a batch, where that code runs warm; in the busy server's step it
+    runs with its caches cold, several times slower."""
 
     # -- what the first output says (once) -------------------------------------------------------
     def on_first(self, eco: Any, ts: float, now: float) -> None:
@@ -139,9 +145,9 @@ class RequestRecord:
             self.on_events(eco.events)
         headers = eco.trace_headers
         if headers and PAYLOAD_HEADER in headers:
+            self.payload_due = headers[PAYLOAD_HEADER]
             eco.trace_headers = ({k: v for k, v in headers.items() if k != PAYLOAD_HEADER}
                                  if len(headers) > 1 else None)
-            self.engine = payload.decode(headers[PAYLOAD_HEADER])
         stats = getattr(eco, "prefill_stats", None)
         if stats is not None:
             self.cached = stats.num_cached_tokens
@@ -160,6 +166,12 @@ class RequestRecord:
         if eco.finish_reason is not None:
             self.finish = str(eco.finish_reason)
 
+    def read_payload(self) -> None:
+        """EngineCore's payload, decoded once (``engine``)."""
+        if self.payload_due is not None:
+            value, self.payload_due = self.payload_due, None
+            self.engine = payload.decode(value)
+
     def on_events(self, events: Any) -> None:
         queued, scheduled, preempted = _event_types()
         for ev in events:
@@ -171,7 +183,7 @@ class RequestRecord:
                 self.schedule.append((SCHEDULED, ev.timestamp))
             elif kind == preempted:
                 if self.first_tok is not None and ev.timestamp >= self.first_tok:
-                    self.late_preemptions.append(ev.timestamp)
+                    self.late_preemptions = [*self.late_preemptions, ev.timestamp]
                 else:
                     self.schedule.append((PREEMPTED, ev.timestamp))
 
