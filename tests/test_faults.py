@@ -21,7 +21,7 @@ from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 
 from otel_ttft import semconv
-from otel_ttft.runtime import config, state_files
+from otel_ttft.runtime import clock, config, state_files
 from otel_ttft.runtime import environment_variables as env
 from otel_ttft.runtime.context import process as this_process
 from otel_ttft.runtime.hooks import fault
@@ -94,28 +94,47 @@ def _stage_spans():
     return inflight.tracker()
 
 
+def test_open_spans_nest_in_opening_order_whatever_their_start_times():
+    """A start may come from elsewhere (the process's exec, a parent's clock before a wall-clock
+    step): the outermost span is the one opened first, the innermost the one opened last."""
+    tracker = _stage_spans()
+    ahead = clock.now_ns() + 4_000_000_000
+    root = spans.tracer().start_span(semconv.SPAN_ACTIVATION, start_time=ahead)
+    try:
+        with trace.use_span(root), \
+                spans.stage_span(semconv.SPAN_SHARD_READ, semconv.STAGE_LOAD_READ) as shard:
+            assert [s.name for s in tracker.open_spans()] == [
+                semconv.SPAN_ACTIVATION, semconv.SPAN_SHARD_READ]
+            assert tracker.innermost() is shard
+    finally:
+        root.end(end_time=ahead)
+    assert tracker.open_spans() == []
+
+
 def test_open_spans_give_the_in_progress_stage_and_an_unfinished_snapshot():
     exporter = memory_exporter()
     tracker = _stage_spans()
     exporter.clear()
     tracer = spans.tracer()
-    root = tracer.start_span(semconv.SPAN_ACTIVATION)
-    with trace.use_span(root), \
-            spans.stage_span("Load weights", semconv.STAGE_LOAD), \
-            spans.stage_span(semconv.SPAN_SHARD_READ, semconv.STAGE_LOAD_READ) as shard:
-        assert tracker.innermost() is shard
-        (obs,) = inflight._observe()
-        assert obs.attributes[semconv.ATTR_STAGE] == semconv.STAGE_LOAD_READ
-        assert obs.value >= 0
-        published = inflight.read_published(os.getpid())
-        assert [c["name"] for c in published["open"]] == [
-            semconv.SPAN_ACTIVATION, "Load weights", semconv.SPAN_SHARD_READ]
-        assert inflight.export_snapshot() == 3
-        copies = exporter.get_finished_spans()
-        assert {s.name for s in copies} == {semconv.SPAN_ACTIVATION, "Load weights",
-                                            semconv.SPAN_SHARD_READ}
-        assert all(s.attributes[semconv.ATTR_SPAN_UNFINISHED] is True for s in copies)
-    root.end()
+    root = tracer.start_span(semconv.SPAN_ACTIVATION, start_time=clock.now_ns())
+    try:
+        with trace.use_span(root), \
+                spans.stage_span("Load weights", semconv.STAGE_LOAD), \
+                spans.stage_span(semconv.SPAN_SHARD_READ, semconv.STAGE_LOAD_READ) as shard:
+            assert tracker.innermost() is shard
+            (obs,) = inflight._observe()
+            assert obs.attributes[semconv.ATTR_STAGE] == semconv.STAGE_LOAD_READ
+            assert obs.value >= 0
+            published = inflight.read_published(os.getpid())
+            assert [c["name"] for c in published["open"]] == [
+                semconv.SPAN_ACTIVATION, "Load weights", semconv.SPAN_SHARD_READ]
+            assert inflight.export_snapshot() == 3
+            copies = exporter.get_finished_spans()
+            assert {s.name for s in copies} == {semconv.SPAN_ACTIVATION, "Load weights",
+                                                semconv.SPAN_SHARD_READ}
+            assert all(s.attributes[semconv.ATTR_SPAN_UNFINISHED] is True for s in copies)
+    finally:
+        root.end(end_time=clock.now_ns())
     assert inflight._observe() == []
     assert inflight.read_published(os.getpid()) is None
     # The real spans came after their copies: a store that keeps the last copy shows them done.
@@ -128,13 +147,17 @@ def test_open_spans_end_with_an_error_and_name_the_failed_stage():
     exporter = memory_exporter()
     _stage_spans()
     exporter.clear()
-    root = spans.tracer().start_span(semconv.SPAN_ACTIVATION)
+    root = spans.tracer().start_span(semconv.SPAN_ACTIVATION, start_time=clock.now_ns())
     token = trace.use_span(root)
     token.__enter__()
-    kv = spans.tracer().start_span(semconv.SPAN_KV_ALLOC,
-                                   attributes={semconv.ATTR_STAGE: semconv.STAGE_WARMUP_KV_ALLOC})
-    assert inflight.end_open_spans("process received SIGTERM", "SIGTERM") == 2
-    token.__exit__(None, None, None)
+    try:
+        kv = spans.tracer().start_span(
+            semconv.SPAN_KV_ALLOC, start_time=clock.now_ns(),
+            attributes={semconv.ATTR_STAGE: semconv.STAGE_WARMUP_KV_ALLOC})
+        assert inflight.end_open_spans("process received SIGTERM", "SIGTERM") == 2
+    finally:
+        token.__exit__(None, None, None)
+        inflight.end_open_spans("test over", "test")  # none left open for the next test
     by_name = {s.name: s for s in exporter.get_finished_spans()}
     assert by_name[semconv.SPAN_KV_ALLOC].status.status_code is StatusCode.ERROR
     got = by_name[semconv.SPAN_ACTIVATION]

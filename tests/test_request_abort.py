@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from dataclasses import replace
 
 import pytest
 
 from otel_ttft import semconv
-from otel_ttft.runtime import config
+from otel_ttft.runtime import clock, config
 from otel_ttft.runtime.hooks import request
 from tests.request_engine import Engine, params, request_span
 
@@ -151,7 +150,7 @@ def test_finished_requests_are_emitted_in_one_batch_each_span_ending_when_its_re
         for rid in ("cmpl-batch-1", "cmpl-batch-2"):
             agen = await _first_output(engine, rid, max_tokens=2)
             engine.step(rid, 22, finish=True)
-            ended[rid] = time.time_ns()
+            ended[rid] = clock.now_ns()
             assert [o.finished for o in [out async for out in agen]] == [True]
             await asyncio.sleep(0.05)
         assert not spans()  # both finished and taken by their callers; none emitted yet

@@ -88,7 +88,7 @@ _PRIVATE = {"_active_span_processor", "_span_processors", "_batch_processor", "_
             "_get_or_init_view_instrument_match", "_attributes_aggregation", "_reset_on_collect",
             "_ExplicitBucketHistogramAggregation", "_hash_attributes", "_OTelSDKConfigurator",
             "RandomIdGenerator", "_tracer_metrics", "_span_limits", "_instrumentation_scope",
-            "_is_enabled", "_on_ending"}
+            "_is_enabled", "_on_ending", "_start_time", "_end_time"}
 # Read by name (getattr) on SDK objects: common words, so only as strings.
 _PRIVATE_BY_NAME = _PRIVATE | {"_exporter", "_metrics", "_queue", "_shutdown", "_endpoint",
                                "_lock", "_tracer", "_span_processor"}

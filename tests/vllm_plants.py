@@ -23,9 +23,10 @@ import os, time
 
 
 def _age():
-    import psutil
+    """Seconds since exec, on the monotonic clock (a wall-clock step would inflate it)."""
+    from otel_ttft.runtime import clock
 
-    return time.time() - psutil.Process(os.getpid()).create_time()
+    return time.monotonic() - clock.process_start_monotonic()
 
 
 def _slow(inner, caller):

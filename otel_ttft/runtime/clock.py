@@ -1,8 +1,12 @@
-"""One clock for every process: CLOCK_MONOTONIC, mapped once per process to epoch nanoseconds.
+"""One clock for every process: CLOCK_MONOTONIC, mapped to epoch nanoseconds by one offset.
 
 CLOCK_MONOTONIC is host-wide on Linux, so timestamps taken in the API server, EngineCore and
-workers (vLLM's ``queued_ts``/``scheduled_ts`` included) line up, and a later NTP step cannot
-tear a trace: the offset is fixed when this module is imported.
+workers (vLLM's ``queued_ts``/``scheduled_ts`` included) line up if every process adds the same
+offset. The wall clock steps (NTP, a VM restored from a snapshot steps it by seconds), so an
+offset measured in each process would tear a trace whose processes started on either side of a
+step. The first process of a tree measures it and hands it down in ``OTEL_TTFT_CLOCK_OFFSET``
+(with the boot id: the monotonic clock restarts at boot): a replay, the vLLM servers it starts,
+their EngineCore and workers all read one clock.
 """
 
 from __future__ import annotations
@@ -10,6 +14,8 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable
+
+from otel_ttft.runtime.environment_variables import OTEL_TTFT_CLOCK_OFFSET
 
 _NS = 1_000_000_000
 
@@ -27,12 +33,57 @@ def _measure_offset_ns(samples: int = 5) -> int:
     return best_offset
 
 
-EPOCH_OFFSET_NS: int = _measure_offset_ns()
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _inherited_offset_ns(value: str | None, boot_id: str) -> int | None:
+    """The offset a parent handed down, if it was measured since this boot."""
+    if not value or not boot_id:
+        return None
+    got_boot, sep, offset = value.rpartition(":")
+    if not sep or got_boot != boot_id:
+        return None
+    try:
+        return int(offset)
+    except ValueError:
+        return None
+
+
+def _shared_offset_ns() -> int:
+    """The tree's offset: inherited, else measured here and handed down."""
+    boot_id = _boot_id()
+    inherited = _inherited_offset_ns(os.environ.get(OTEL_TTFT_CLOCK_OFFSET), boot_id)
+    if inherited is not None:
+        return inherited
+    offset = _measure_offset_ns()
+    if boot_id:
+        os.environ[OTEL_TTFT_CLOCK_OFFSET] = f"{boot_id}:{offset}"
+    return offset
+
+
+EPOCH_OFFSET_NS: int = _shared_offset_ns()
 
 
 def now_ns() -> int:
     """Epoch nanoseconds on the monotonic clock."""
     return time.monotonic_ns() + EPOCH_OFFSET_NS
+
+
+_WALL_SLACK_NS = 1_000_000
+
+
+def from_wall_ns(wall_ns: int) -> int:
+    """A wall-clock reading taken just now (``time.time_ns()``: the SDK's default span times,
+    vLLM's ``time.time()``) on this clock. Off by whatever the wall clock stepped since the
+    offset was measured; within a millisecond of it, taken as it is (no jitter between a span
+    and its children)."""
+    drift = time.time_ns() - time.monotonic_ns() - EPOCH_OFFSET_NS
+    return wall_ns - drift if abs(drift) > _WALL_SLACK_NS else wall_ns
 
 
 def monotonic_to_epoch_ns(monotonic_s: float) -> int:

@@ -56,6 +56,13 @@ OTEL_TTFT_EXPORT_OFFLOAD = "OTEL_TTFT_EXPORT_OFFLOAD"
 process; anything else, the default, hands it to a child process of its own, which exports with
 the same OTLP exporter class and ``OTEL_EXPORTER_OTLP_*`` settings (``telemetry.offload``)."""
 
+OTEL_TTFT_CLOCK_OFFSET = "OTEL_TTFT_CLOCK_OFFSET"
+"""Not a setting: leave it unset. The first otel-ttft process of a tree (``otel-ttft replay``,
+the vLLM API server) sets it, ``BOOT_ID:NANOSECONDS``, for every process it starts, so that all
+of them map the monotonic clock to epoch time with one offset and a wall-clock step between
+their starts (NTP, a VM restored from a snapshot) cannot shift one process's spans against
+another's. A value from an earlier boot, or one that does not parse, is ignored."""
+
 DEFAULT_COLD_REQUESTS = 3
 DEFAULT_REQUEST_DETAIL_SLOW_MS = 1000.0
 DEFAULT_REQUEST_DETAIL_RATIO = 0.01

@@ -75,8 +75,8 @@ class LocalProcessor(SpanProcessor):
     """A processor of ours that looks at spans and exports nothing (snapshots skip it)."""
 
     def ignores_start(self, name: str) -> bool:
-        """Whether ``on_start`` does nothing for a span of this name (``telemetry.finished``
-        then makes such spans finished, without a start)."""
+        """Whether ``on_start`` (and any ``ending``) does nothing for a span of this name
+        (``telemetry.finished`` then makes such spans finished, without a start)."""
         return False
 
 
@@ -126,10 +126,11 @@ class InflightTracker(LocalProcessor):
 
     # --- queries ----------------------------------------------------------------------------------
     def open_spans(self) -> list[Any]:
-        """Open activation spans, outermost (earliest start) first."""
+        """Open activation spans, outermost first: in the order they were opened, which nesting
+        keeps, not by start time (a span may carry a start taken elsewhere: the process's exec,
+        another party's clock)."""
         with self._lock:
-            found = [s for s in self._open.values() if s.end_time is None]
-        return sorted(found, key=lambda s: s.start_time or 0)
+            return [s for s in self._open.values() if s.end_time is None]
 
     def innermost(self) -> Any | None:
         """The most recently opened span that names an activation stage."""

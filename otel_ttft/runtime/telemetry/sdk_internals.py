@@ -221,6 +221,42 @@ def span_processor_of(span: Any) -> Any | None:
     return getattr(span, "_span_processor", None)
 
 
+def restamp_start(span: Any, start_ns: int) -> bool:
+    """Move an SDK span's start (``_start_time``), from a processor's ``on_start``.
+
+    Public alternative: ``start_span(start_time=...)``, for spans one starts; vLLM's start-up
+    spans take the SDK's wall-clock default, and ours must share one clock with them.
+    """
+    if not isinstance(getattr(span, "_start_time", None), int):
+        return False
+    span._start_time = start_ns
+    return True
+
+
+def restamp_end(span: Any, end_ns: int) -> bool:
+    """Move an SDK span's end (``_end_time``), from ``EndingHook.ending``: before the
+    ``ReadableSpan`` that every ``on_end`` gets is made from it. Public alternative: as for
+    ``restamp_start``, ``end(end_time=...)`` for spans one ends."""
+    if not isinstance(getattr(span, "_end_time", None), int):
+        return False
+    span._end_time = end_ns
+    return True
+
+
+class EndingHook:
+    """Mixin for a span processor: ``ending(span)`` sees a span as it ends, its end time set,
+    before any ``on_end`` (the SDK's ``_on_ending``; an SDK without it never calls it).
+
+    Public alternative: none; ``on_end`` gets a ``ReadableSpan`` already shared with the
+    processors that export. Put it first among the bases (``SpanProcessor`` has an empty one)."""
+
+    def _on_ending(self, span: Any) -> None:
+        self.ending(span)
+
+    def ending(self, span: Any) -> None:
+        pass
+
+
 def stop_shutdown_at_exit(provider: Any) -> None:
     """Take a provider's ``shutdown`` out of ``atexit`` (the SDK registers its bound method, and
     vLLM's ``init_tracer`` its own): bounded export's exit, with a deadline, replaces it.
@@ -455,6 +491,30 @@ def _probe() -> tuple[Probe, Callable[[], None]]:
     return probe, close
 
 
+def _restamps(p: Probe) -> bool:
+    """An ``EndingHook`` sees the span before its ``ReadableSpan`` is made, and the
+    times it sets are the ones every ``on_end`` gets."""
+    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+
+    ended: list[Any] = []
+
+    class Restamp(EndingHook, SpanProcessor):
+        def on_start(self, span: Any, parent_context: Any = None) -> None:
+            restamp_start(span, 1_000)
+
+        def ending(self, span: Any) -> None:
+            restamp_end(span, 2_000)
+
+        def on_end(self, span: Any) -> None:
+            ended.append(span)
+
+    provider = TracerProvider(shutdown_on_exit=False)
+    provider.add_span_processor(Restamp())
+    provider.get_tracer("otel_ttft.check").start_span("check").end()
+    provider.shutdown()
+    return [(s.start_time, s.end_time) for s in ended] == [(1_000, 2_000)]
+
+
 def _histogram_writes(p: Probe) -> bool:
     storages = histogram_storages(p.histogram)
     targets = histogram_targets(storages, p.histogram, {"k": "v"})
@@ -492,6 +552,7 @@ _REQUIRED: tuple[tuple[str, Callable[[Probe], Any]], ...] = (
     ("BatchSpanProcessor.on_start / _on_ending do nothing", lambda p: _starts_nothing(
         __import__("opentelemetry.sdk.trace.export", fromlist=["x"]).BatchSpanProcessor)),
     ("Span._span_processor", lambda p: span_processor_of(p.span) is not None),
+    ("Span._start_time, _end_time; SpanProcessor._on_ending before on_end", _restamps),
     ("metrics._internal: _ExplicitBucketHistogramAggregation, _hash_attributes",
      lambda p: _ExplicitBuckets is not None),
     ("Histogram._measurement_consumer._reader_storages -> explicit-bucket aggregation "
