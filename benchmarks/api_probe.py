@@ -18,6 +18,10 @@ sums, the calls per guard kind, and what a timer and each guard cost here, measu
 our frames' own CPU inside a real, busy server, beside the microbenchmark's figure for the same
 code. The timers cost the metered process itself about 1 us a hooked call, so a metered run's
 CPU is not compared with another's.
+
+With ``BENCH_PROBE_YOUNG_TYPES=1`` each young collection after the first switch counts what it
+finds by type, per hooks state (``young_types`` in the dump): what a request leaves alive long
+enough to bring the next collection closer (``paired_overhead.py --env``).
 """
 
 from __future__ import annotations
@@ -41,9 +45,19 @@ _metered = None  # their HookSet while applied
 _calibration: dict = {}
 
 
+_young_types: dict[str, dict[str, int]] = {}  # hooks state -> type -> young objects seen
+_young_sampling = False  # BENCH_PROBE_YOUNG_TYPES
+_hooks_state: str | None = None  # None until the first switch: start-up is not sampled
+
+
 def _on_gc(phase: str, info: dict) -> None:
     gen = info.get("generation", 0)
     if phase == "start":
+        if _young_sampling and gen == 0 and _hooks_state:  # what filled a young collection
+            counts = _young_types.setdefault(_hooks_state, {})
+            for obj in gc.get_objects(0):
+                name = f"{type(obj).__module__}.{type(obj).__qualname__}"
+                counts[name] = counts.get(name, 0) + 1
         _started.append(time.thread_time())
     elif _started:
         _cpu_s[gen] += time.thread_time() - _started.pop()
@@ -58,6 +72,9 @@ def _dump(_signum: int, _frame: object) -> None:
     data = {"collections": list(_counts), "gc_cpu_s": list(_cpu_s),
             "collected": list(_collected),
             "threshold": list(gc.get_threshold()), "frozen": gc.get_freeze_count()}
+    if _young_sampling:
+        data["young_types"] = {state: dict(sorted(c.items(), key=lambda kv: -kv[1])[:60])
+                               for state, c in _young_types.items()}
     if _meter is not None:
         data["meter"] = {"own_s": dict(_meter.own), "by_hook_s": dict(_meter.by_hook),
                          "calls": {f"{side}/{kind}": n for (side, kind), n in
@@ -83,6 +100,8 @@ def _switch(_signum: int, _frame: object) -> None:
         else:
             hooks.apply(disabled=disabled_hooks(hooks.hooks, config.current))
         state = "on" if hooks.active else "off"
+    global _hooks_state
+    _hooks_state = state
     path = os.environ.get("BENCH_PROBE_FILE")
     if path:
         with open(f"{path}.switch.tmp", "w") as f:
@@ -166,6 +185,8 @@ def _timed(fn, label: str):
 def main() -> None:
     if len(sys.argv) < 3 or sys.argv[1] != "-m":
         sys.exit("usage: api_probe.py -m MODULE [ARGS...]")
+    global _young_sampling
+    _young_sampling = bool(os.environ.get("BENCH_PROBE_YOUNG_TYPES"))
     gc.callbacks.append(_on_gc)
     if os.environ.get("BENCH_PROBE_METER"):
         global _meter

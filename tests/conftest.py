@@ -163,6 +163,7 @@ def api_telemetry(telemetry: Callable[..., tuple]) -> Iterator[tuple]:
     request.api.EMIT_DELAY_S = delay
     request.state.live.clear()
     request.state.settling.clear()
+    request.api._untaken.clear()
     request.state.fresh.clear()
     request.state.stoppable.clear()
 

@@ -266,3 +266,36 @@ def test_stop_string_found_by_the_detokenizer_ends_the_request(engine, api_telem
     assert semconv.ATTR_REQUEST_ABORTED not in attrs
     assert attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 3
     assert not request.state.live
+
+
+def test_a_finished_request_waiting_to_be_emitted_keeps_nothing_vllm_let_go(engine, api_telemetry,
+                                                                           monkeypatch):
+    """Every object a waiting record keeps alive counts towards the API server's next garbage
+    collection: once its caller took the final output (seen when the next requests end), its
+    queue is let go, and its sampling parameters are kept as the values its span may carry."""
+    exporter, _ = api_telemetry
+    monkeypatch.setattr(request.api, "EMIT_DELAY_S", 60.0)  # both wait: they are looked at
+
+    async def scenario():
+        first = await _first_output(engine, "cmpl-keep-1", max_tokens=2)
+        engine.step("cmpl-keep-1", 22, finish=True)
+        rec = request.state.settling["cmpl-keep-1"]
+        assert rec.queue is not None and not rec.taken  # the final output is not taken yet
+        assert isinstance(rec.params, tuple)  # no SamplingParams kept
+        assert [out async for out in first][-1].finished
+        second = await _first_output(engine, "cmpl-keep-2", max_tokens=2)
+        engine.step("cmpl-keep-2", 22, finish=True)  # the next end looks at the first's queue
+        assert rec.queue is None and rec.taken
+        assert request.state.settling["cmpl-keep-2"].queue is not None
+        assert [out async for out in second][-1].finished
+        request.api._settle()
+        assert not request.state.settling
+
+    asyncio.run(scenario())
+    spans = {s.attributes[semconv.VLLM_REQUEST_ID]: s.attributes for s in
+             exporter.get_finished_spans() if s.name == semconv.SPAN_REQUEST}
+    for attrs in spans.values():
+        assert semconv.ATTR_REQUEST_ABORTED not in attrs  # both taken: finished
+        assert attrs[semconv.ATTR_REQUEST_STREAMING] is True
+        assert attrs[semconv.GEN_AI_REQUEST_MAX_TOKENS] == 2  # from the kept values
+    assert len(spans) == 2

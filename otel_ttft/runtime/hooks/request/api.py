@@ -224,6 +224,8 @@ def wrap_finished(call: Callable[..., Any], instance: Any, args: tuple, kwargs: 
 def _end(records: list[RequestRecord], now: float) -> None:
     """Requests vLLM's ``OutputProcessor`` let go: emitted now, or once their ``generate`` call
     took the final output (``settling``), in a batch ``EMIT_DELAY_S`` on."""
+    if _untaken:
+        _let_go_of_taken_queues()
     for rec in records:
         forget(rec.rid)
         rec.done = now
@@ -233,7 +235,15 @@ def _end(records: list[RequestRecord], now: float) -> None:
         if rec.queue is None:  # nobody takes its outputs from a queue: emitted at once
             request_spans.emit_request(rec, now)
         else:
+            # Nothing it waits with keeps alive what would die now: every such object outlives
+            # a young collection and brings the API server's next one closer (measured: with
+            # the record keeping them, 8 times the young collections per request at c4).
+            rec.params = request_spans.param_values(rec.params)
+            flush = rec.flush
+            if flush is not None and flush.first is not None:
+                rec.flushed, rec.flush = flush.first, None
             settling[rec.rid] = rec
+            _untaken.append(rec)
     if settling:
         _settle_later(EMIT_DELAY_S)
 
@@ -250,6 +260,22 @@ _EMIT_BATCH = 256  # requests emitted per event-loop callback: the loop is not h
 _SETTLE_RETRY_S = 0.05  # a caller still busy (writing the previous chunk) takes it later
 _SETTLE_GIVE_UP_S = 10.0  # then it is emitted as finished (a caller that stopped reading)
 _settle_scheduled: dict[float, Any] = {}  # delay -> the event loop a look is scheduled on
+_untaken: list[RequestRecord] = []
+"""Records of ``settling`` whose final output was not yet seen taken: looked at when the next
+requests end, and once taken their queue (vLLM's collector, its event and the event's deque) is
+let go instead of living on to the emission."""
+
+
+def _let_go_of_taken_queues() -> None:
+    waiting = []
+    for rec in _untaken:
+        if settling.get(rec.rid) is not rec:  # emitted or aborted meanwhile
+            continue
+        if rec.queue.output is None:
+            rec.taken, rec.queue = True, None
+        else:
+            waiting.append(rec)
+    _untaken[:] = waiting
 
 
 def _settle_later(delay: float) -> None:
@@ -282,19 +308,22 @@ def _settle(give_up: bool = False, delay: float | None = None) -> None:
             if emitted == _EMIT_BATCH and not give_up:
                 more = True  # the rest right after the callbacks queued meanwhile
                 break
-            taken = rec.queue.output is None
+            taken = rec.taken or rec.queue.output is None
             if taken or give_up or now - rec.done > _SETTLE_GIVE_UP_S:
                 del settling[rid]
                 request_spans.emit_request(rec, rec.done if taken else now)
                 emitted += 1
     except Exception as exc:  # noqa: BLE001 - ours, outside any wrapper: the hooks' failure rule
         settling.clear()
+        _untaken.clear()
         report_failure(OUTPUTS_HOOK, exc)
         return
     if more:
         _settle_later(0.0)
     elif settling:
         _settle_later(_SETTLE_RETRY_S)
+    else:
+        _untaken.clear()
 
 
 def _settle_at_exit() -> None:
@@ -330,7 +359,7 @@ def wrap_abort_requests(call: Callable[..., Any], instance: Any, args: tuple,
             if rec is not None:
                 # Finished in the engine, but the caller left before taking the final output
                 # (still in its queue): the caller never got it, so the request was aborted.
-                rec.aborted = rec.queue.output is not None
+                rec.aborted = not rec.taken and rec.queue.output is not None
                 request_spans.emit_request(rec, now)
     return aborted
 

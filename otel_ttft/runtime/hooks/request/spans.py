@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
+from operator import attrgetter
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -203,6 +204,22 @@ _PARAMS = (
 )
 
 
+_param_getter = attrgetter(*(name for name, _, _ in _PARAMS))
+
+
+def param_values(params: Any) -> tuple[Any, ...] | None:
+    """The ``_PARAMS`` values of vLLM's ``SamplingParams``, in one tuple: what a finished
+    request keeps of them while it waits to be emitted. The ``SamplingParams`` (and the lists it
+    holds) would otherwise outlive the request by the emission delay, and every object a
+    waiting record keeps alive counts towards the API server's next garbage collection."""
+    if params is None or isinstance(params, tuple):
+        return params
+    try:
+        return _param_getter(params)
+    except AttributeError:  # not vLLM's (a stand-in, another version)
+        return tuple(getattr(params, name, None) for name, _, _ in _PARAMS)
+
+
 def emit_request(rec: RequestRecord, now: float) -> None:
     """The request's span tree and metric samples (its hooks' failure rule applies)."""
     end = now
@@ -218,8 +235,9 @@ def emit_request(rec: RequestRecord, now: float) -> None:
     if rec.first_tok is not None:
         # The first chunk written to the client if we saw it, else the API process got it.
         ttft_end = rec.recv
-        if rec.streaming and rec.flush is not None and rec.flush.first is not None:
-            ttft_end = max(rec.flush.first, rec.recv)
+        flushed = rec.first_flush() if rec.streaming else None
+        if flushed is not None:
+            ttft_end = max(flushed, rec.recv)
     ttft = (ttft_end - rec.arrival) if ttft_end is not None else None
     first_decode = ((rec.first_tok, rec.second_tok)
                     if rec.first_tok is not None and rec.second_tok is not None else None)
@@ -353,8 +371,8 @@ def _attributes(rec: RequestRecord, eng: EnginePayload | None, ttft: float | Non
         attrs[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = rec.cached
     params = rec.params
     if params is not None:
-        for name, key, unset in _PARAMS:
-            value = getattr(params, name, None)
+        values = params if isinstance(params, tuple) else param_values(params)
+        for (_, key, unset), value in zip(_PARAMS, values, strict=True):
             if value is not None and isinstance(value, (int, float)) and value != -1 \
                     and value != unset:
                 attrs[key] = value
@@ -362,7 +380,7 @@ def _attributes(rec: RequestRecord, eng: EnginePayload | None, ttft: float | Non
         attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = [rec.finish]
     if ttft is not None:
         attrs[semconv.ATTR_REQUEST_TTFT] = ttft
-    if rec.queue is not None:  # served through a ``generate`` call
+    if rec.queue is not None or rec.taken:  # served through a ``generate`` call
         attrs[semconv.ATTR_REQUEST_STREAMING] = rec.streaming
     if rec.aborted:
         attrs[semconv.ATTR_REQUEST_ABORTED] = True

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import contextvars
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -62,11 +62,16 @@ class RequestRecord:
     span, if any), for the parent and the sampled share."""
     queue: Any = None
     """vLLM's ``RequestOutputCollector`` when a ``generate`` call consumes the outputs; ``None``
-    for offline ``LLMEngine`` requests."""
+    for offline ``LLMEngine`` requests, and once ``taken``."""
+    taken: bool = False
+    """Its ``generate`` call took the final output (and ``queue`` was let go)."""
     streaming: bool = False
     """Outputs stream to the client (TTFT ends at the first chunk written, not at the last)."""
     flush: FlushBox | None = None
-    """The HTTP response streaming this request, if any."""
+    """The HTTP response streaming this request, if any (let go once the request ends, its first
+    chunk written: ``flushed``)."""
+    flushed: float | None = None
+    """When the chunk with its first token left, once ``flush`` is let go."""
     texts: dict[int, str] | None = None
     """Output text per choice of its ``generate`` call; only with content capture opted in."""
     model: str | None = None
@@ -74,7 +79,8 @@ class RequestRecord:
     state: Any = None
     """vLLM's ``RequestState`` (its token counts are read once, when the request ends)."""
     params: Any = None
-    """vLLM's ``SamplingParams``."""
+    """vLLM's ``SamplingParams``; once the request ends, only the values its span may carry (a
+    tuple, ``spans.param_values``)."""
     prompt_len: int | None = None
     """Prompt tokens."""
     prompt: str | None = None
@@ -85,8 +91,9 @@ class RequestRecord:
     """The request's ``trace_headers`` (parent of offline requests)."""
     queued: float | None = None
     """vLLM's QUEUED event time (EngineCore received it)."""
-    schedule: list[tuple[str, float]] = field(default_factory=list)
-    """(``SCHEDULED``|``PREEMPTED``, time) before the first token, from vLLM's events."""
+    schedule: list[tuple[str, float]] | None = None
+    """(``SCHEDULED``|``PREEMPTED``, time) before the first token, from vLLM's events (a list
+    only once there is one)."""
     first_tok: float | None = None
     """EngineCore's timestamp of the step that produced the first token."""
     second_tok: float | None = None
@@ -166,6 +173,10 @@ class RequestRecord:
         if eco.finish_reason is not None:
             self.finish = str(eco.finish_reason)
 
+    def first_flush(self) -> float | None:
+        """When the chunk with its first token left the server, if known."""
+        return self.flush.first if self.flush is not None else self.flushed
+
     def read_payload(self) -> None:
         """EngineCore's payload, decoded once (``engine``)."""
         if self.payload_due is not None:
@@ -180,12 +191,12 @@ class RequestRecord:
                 if self.queued is None:
                     self.queued = ev.timestamp
             elif kind == scheduled:
-                self.schedule.append((SCHEDULED, ev.timestamp))
+                self.schedule = [*(self.schedule or ()), (SCHEDULED, ev.timestamp)]
             elif kind == preempted:
                 if self.first_tok is not None and ev.timestamp >= self.first_tok:
                     self.late_preemptions = [*self.late_preemptions, ev.timestamp]
                 else:
-                    self.schedule.append((PREEMPTED, ev.timestamp))
+                    self.schedule = [*(self.schedule or ()), (PREEMPTED, ev.timestamp)]
 
 
 live: dict[str, RequestRecord] = {}
