@@ -61,7 +61,7 @@ from request_overhead import (
     stop_all,
     switch_hooks,
 )
-from server_counters import cpu_seconds, pause, pin, processes
+from server_counters import cpu_seconds, pause, pin, processes, thread_cpu
 
 from otel_ttft.tools.sink.receiver import OTLPReceiver
 from otel_ttft.tools.sink.store import SpanStore
@@ -131,6 +131,7 @@ def together(servers: list, model: str, prompts: list[list[int]], max_tokens: in
     gc_before = [probe_counts(s, p) for s, p in zip(servers, probes, strict=True)]
     roles = [processes(s) for s in servers]
     before = [{role: cpu_seconds(pids) for role, pids in r.items()} for r in roles]
+    threads_before = [thread_cpu(s.pid) for s in servers]
     t0 = time.monotonic()
     begin = t0 + 0.2  # every client process forked and waiting
     pipes, clients = [], []
@@ -150,12 +151,43 @@ def together(servers: list, model: str, prompts: list[list[int]], max_tokens: in
     for r, out, cpu0 in zip(roles, outs, before, strict=True):
         out["cpu_s"] = {role: cpu_seconds(pids) - cpu0[role] for role, pids in r.items()}
         out["api_cpu_s"] = out["cpu_s"]["api"]
+    for s, out, t0s in zip(servers, outs, threads_before, strict=True):
+        out["api_threads_s"] = api_threads(s.pid, t0s)
     for s, p, out, gc0 in zip(servers, probes, outs, gc_before, strict=True):
         gc1 = probe_counts(s, p)  # the dump itself is outside the counted window
         if gc0 is not None and gc1 is not None:
             out["gc"] = {key: [a - b for a, b in zip(gc1[key], gc0[key], strict=True)]
                          for key in ("collections", "gc_cpu_s")}
     return outs
+
+
+def api_threads(pid: int, before: dict[int, float]) -> dict[str, float]:
+    """The API process's CPU-seconds since ``before``: its main thread (the event loop:
+    vLLM's request path and our hooks) and every other thread, by name (the span batch
+    processor, the metric reader, the export hand-off, vLLM's own)."""
+    out: dict[str, float] = {}
+    for tid, cpu in thread_cpu(pid).items():
+        if tid == pid:
+            name = "main"
+        else:
+            try:
+                name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            except OSError:
+                name = "?"
+        out[name] = out.get(name, 0.0) + cpu - before.get(tid, 0.0)
+    return out
+
+
+def threads_per_request(rounds: list[dict]) -> dict:
+    """API CPU per request by thread (us), hooks on and off, medians over the rounds."""
+    out: dict = {}
+    for i, x in enumerate(rounds):
+        for state, name in (("on", x["on"]), ("off", SERVERS[1 - i % 2])):
+            n = max(x["requests"][name], 1)
+            for thread, s in (x.get("threads") or {}).get(name, {}).items():
+                out.setdefault(state, {}).setdefault(thread, []).append(s / n * 1e6)
+    return {state: {t: round(statistics.median(v), 1) for t, v in sorted(
+        by.items(), key=lambda kv: -statistics.median(kv[1]))} for state, by in out.items()}
 
 
 def gc_per_request(rounds: list[dict]) -> dict:
@@ -253,7 +285,9 @@ def main() -> None:
                                                                       strict=True)},
                     "requests": {n: o["requests"] for n, o in zip(SERVERS, outs,
                                                                   strict=True)},
-                    "gc": {n: o.get("gc") for n, o in zip(SERVERS, outs, strict=True)}})
+                    "gc": {n: o.get("gc") for n, o in zip(SERVERS, outs, strict=True)},
+                    "threads": {n: o["api_threads_s"] for n, o in zip(SERVERS, outs,
+                                                                      strict=True)}})
                 print(f"round {r:2d} {load:4s} {up:8s} on={SERVERS[on]:5s} "
                       f"A {cpu[0] * 1e3:5.2f} ms/req ({outs[0]['requests']:3d})  "
                       f"B {cpu[1] * 1e3:5.2f} ms/req ({outs[1]['requests']:3d})  "
@@ -285,6 +319,7 @@ def main() -> None:
                  for x in rounds]) if args.null else None,
             "off_api_ms_per_request_median": round(statistics.median(off_ms), 3),
             "gc_per_request_median": gc_per_request(rounds),
+            "api_us_per_request_by_thread_median": threads_per_request(rounds),
             "rounds": rounds}
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2))
@@ -298,7 +333,8 @@ def main() -> None:
               f"({', '.join(f'{v:.3f}' for v in pp['values'])}); off "
               f"{f['off_api_ms_per_request_median']:.2f} ms/request; requests served on / off "
               f"{f['throughput_per_pair']['median']:.3f}; garbage collection "
-              f"{f['gc_per_request_median']}")
+              f"{f['gc_per_request_median']}; API CPU by thread, us per request "
+              f"{f['api_us_per_request_by_thread_median']}")
 
 
 if __name__ == "__main__":

@@ -105,8 +105,8 @@ def test_span_limits_apply_as_in_the_tracer(telemetry):
 def test_an_attribute_the_sdk_would_clean_is_cleaned_by_it(telemetry, monkeypatch, value):
     """Values outside what the SDK keeps as they are go through its own cleaning, whatever it
     makes of them."""
-    real = request_spans._span_attributes
-    monkeypatch.setattr(request_spans, "_span_attributes",
+    real = request_spans.span_attributes
+    monkeypatch.setattr(request_spans, "span_attributes",
                         lambda *a, **k: {**real(*a, **k), "odd": value})
     fast = _emit(telemetry)[semconv.SPAN_REQUEST]
     slow = _emit(telemetry, StartWatcher())[semconv.SPAN_REQUEST]

@@ -45,12 +45,13 @@ Worker (``worker``): ``request.adapter_load`` (an adapter loaded inside a step; 
 step are timed by ``warmup.compile``, the one ``monitor_torch_compile`` wrapper) and
 ``request.warmup_ship`` (hands those times to EngineCore with the step's output).
 
-Modules: ``api`` (API-process hooks), ``flush`` (the first token's chunk on its way out),
-``first_use`` (front-end cache fills), ``engine`` (EngineCore hooks), ``worker``
+Modules: ``api`` (API-process hooks: the record, its outputs, its end and the batched
+emission), ``ends`` (abort, engine failure, vLLM's own span), ``flush`` (the first token's chunk
+on its way out), ``first_use`` (front-end cache fills), ``engine`` (EngineCore hooks), ``worker``
 (adapter/compile/output hooks), ``payload`` (EngineCore -> API payload), ``state`` (per-request
 state), ``timeline`` (the tiling rule), ``detail`` (which requests get a span), ``spans`` (the
-span tree), ``metrics`` (the TTFT histogram and time per stage), ``histogram`` (TTFT samples
-written into the SDK's own aggregation).
+span tree), ``attributes`` (the request span's attributes), ``metrics`` (the TTFT histogram and
+time per stage), ``histogram`` (TTFT samples written into the SDK's own aggregation).
 """
 
 from __future__ import annotations
@@ -62,10 +63,12 @@ from otel_ttft.runtime.hooks.request.api import (
     FINISH_HOOK,
     OUTPUTS_HOOK,
     CaptureText,
-    wrap_abort_requests,
     wrap_add_request,
-    wrap_do_tracing,
     wrap_engine_add_request,
+)
+from otel_ttft.runtime.hooks.request.ends import (
+    wrap_abort_requests,
+    wrap_do_tracing,
     wrap_propagate_error,
 )
 from otel_ttft.runtime.hooks.request.flush import wrap_stream_response

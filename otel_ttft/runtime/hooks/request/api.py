@@ -10,7 +10,6 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 
-from otel_ttft import semconv
 from otel_ttft.runtime import config
 from otel_ttft.runtime.context import process as this_process
 from otel_ttft.runtime.hooks.registry import (
@@ -23,6 +22,7 @@ from otel_ttft.runtime.hooks.registry import (
     restore,
     working,
 )
+from otel_ttft.runtime.hooks.request import attributes as request_attributes
 from otel_ttft.runtime.hooks.request import cold, state
 from otel_ttft.runtime.hooks.request import spans as request_spans
 from otel_ttft.runtime.hooks.request.state import (
@@ -110,7 +110,7 @@ def wrap_add_request(call: Callable[..., Any], instance: Any, args: tuple,
     rid = request.request_id
     if rid in live:  # a streaming-input continuation: vLLM may end the request here
         if rid not in instance.request_states:
-            _end([live[rid]], time.monotonic())
+            end([live[rid]], time.monotonic())
         return result
     if not state.telemetry_on():
         return result  # no provider to report to
@@ -137,7 +137,7 @@ def wrap_add_request(call: Callable[..., Any], instance: Any, args: tuple,
     cold.note_activation(rec)
     live[rid] = fresh[rid] = rec
     restore(instance, "process_outputs")  # its first outputs are looked at
-    if getattr(params, "stop", None) and not _ends_in_finish_hook():
+    if getattr(params, "stop", None) and not ends_in_finish_hook():
         stoppable.add(rid)  # its detokenizer may end it (``after_process_outputs``)
     return result
 
@@ -171,7 +171,7 @@ def before_process_outputs(instance: Any, args: tuple, kwargs: dict) -> Any:
             if ending is None:
                 ending = []
             ending.append(rec)
-    if _ends_in_finish_hook():
+    if ends_in_finish_hook():
         if not fresh:
             bypass(instance, "process_outputs")
         return PASS
@@ -192,7 +192,7 @@ def after_process_outputs(ending: list[RequestRecord] | None, instance: Any, arg
                 ending = [*(ending or ()), rec]
         # vLLM freed them (a streaming-input request may take its next chunk instead); its own
         # tracing, if on, ran already: its attributes are ours to carry.
-        _end([rec for rec in ending if rec.rid not in states], time.monotonic())
+        end([rec for rec in ending if rec.rid not in states], time.monotonic())
 
 
 wrap_process_outputs = Split(before_process_outputs, after_process_outputs)
@@ -200,7 +200,7 @@ wrap_process_outputs = Split(before_process_outputs, after_process_outputs)
 
 # --- OutputProcessor._update_stats_from_finished: a request ended ---------------------------------
 
-def _ends_in_finish_hook() -> bool:
+def ends_in_finish_hook() -> bool:
     """Whether requests end in ``wrap_finished`` (applied, and not bypassed by a failure)."""
     return working(FINISH_HOOK_NAME)
 
@@ -217,11 +217,11 @@ def wrap_finished(call: Callable[..., Any], instance: Any, args: tuple, kwargs: 
         if rec is not None:
             reason = args[1] if len(args) > 1 else kwargs.get("finish_reason")
             rec.finish = rec.finish or (str(reason) if reason is not None else None)
-            _end([rec], time.monotonic())
+            end([rec], time.monotonic())
     return result
 
 
-def _end(records: list[RequestRecord], now: float) -> None:
+def end(records: list[RequestRecord], now: float) -> None:
     """Requests vLLM's ``OutputProcessor`` let go: emitted now, or once their ``generate`` call
     took the final output (``settling``), in a batch ``EMIT_DELAY_S`` on."""
     if _untaken:
@@ -238,7 +238,7 @@ def _end(records: list[RequestRecord], now: float) -> None:
             # Nothing it waits with keeps alive what would die now: every such object outlives
             # a young collection and brings the API server's next one closer (measured: with
             # the record keeping them, 8 times the young collections per request at c4).
-            rec.params = request_spans.param_values(rec.params)
+            rec.params = request_attributes.param_values(rec.params)
             flush = rec.flush
             if flush is not None and flush.first is not None:
                 rec.flushed, rec.flush = flush.first, None
@@ -333,87 +333,6 @@ def _settle_at_exit() -> None:
 
 
 bounded_export.before_flush(_settle_at_exit)
-
-
-def wrap_abort_requests(call: Callable[..., Any], instance: Any, args: tuple,
-                        kwargs: dict) -> Any:
-    """Aborted requests (client gone, shutdown) are closed too."""
-    request_ids = args[0] if args else kwargs.get("request_ids", ())
-    if not isinstance(request_ids, (list, tuple, set, frozenset)):
-        request_ids = list(request_ids)  # read it here and hand vLLM the same ids
-        args, kwargs = ((request_ids, *args[1:]), kwargs) if args else (
-            args, {**kwargs, "request_ids": request_ids})
-    aborted = call(*args, **kwargs)
-    now = time.monotonic()
-    for rid in aborted or ():
-        rec = forget(rid)
-        if rec is None:
-            continue
-        rec.aborted = rec.finish is None
-        rec.done = rec.done or now
-        rec.out_tokens = output_tokens(rec.state) or rec.out_tokens
-        request_spans.emit_request(rec, now)
-    if settling:
-        for rid in request_ids:
-            rec = settling.pop(rid, None)
-            if rec is not None:
-                # Finished in the engine, but the caller left before taking the final output
-                # (still in its queue): the caller never got it, so the request was aborted.
-                rec.aborted = not rec.taken and rec.queue.output is not None
-                request_spans.emit_request(rec, now)
-    return aborted
-
-
-def wrap_propagate_error(call: Callable[..., Any], instance: Any, args: tuple,
-                         kwargs: dict) -> Any:
-    """An engine failure reaches every open request."""
-    exc = args[0] if args else kwargs.get("e")
-    result = call(*args, **kwargs)
-    now = time.monotonic()
-    for rid, rec in list(live.items()):
-        rec.error = f"{type(exc).__name__}: {exc}"
-        rec.out_tokens = output_tokens(rec.state) or rec.out_tokens
-        rec.done = rec.done or now
-        forget(rid)
-        request_spans.emit_request(rec, now)
-    return result
-
-
-def wrap_do_tracing(call: Callable[..., Any], instance: Any, args: tuple,
-                    kwargs: dict) -> Any:
-    """vLLM's ``llm_request`` becomes ours; its attributes are carried over."""
-    req_state = args[1] if len(args) > 1 else kwargs["req_state"]
-    rec = live.get(req_state.request_id)
-    if rec is None:
-        return call(*args, **kwargs)
-    iteration_stats = args[2] if len(args) > 2 else kwargs.get("iteration_stats")
-    from vllm.tracing.utils import SpanAttributes as V  # vLLM's own names, carried as they are
-
-    m = req_state.stats
-    rec.vllm = {
-        semconv.VLLM_LATENCY_TTFT: m.first_token_latency,
-        V.GEN_AI_LATENCY_E2E: iteration_stats.iteration_timestamp - m.arrival_time,
-        V.GEN_AI_LATENCY_TIME_IN_QUEUE: m.scheduled_ts - m.queued_ts,
-        V.GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL: m.first_token_ts - m.scheduled_ts,
-        V.GEN_AI_LATENCY_TIME_IN_MODEL_DECODE: m.last_token_ts - m.first_token_ts,
-        V.GEN_AI_LATENCY_TIME_IN_MODEL_INFERENCE: m.last_token_ts - m.scheduled_ts,
-        V.GEN_AI_USAGE_PROMPT_TOKENS: rec.prompt_len,
-        V.GEN_AI_USAGE_COMPLETION_TOKENS: m.num_generation_tokens,
-        semconv.VLLM_REQUEST_ID: req_state.external_req_id,
-    }
-    if req_state.n:
-        rec.vllm[V.GEN_AI_REQUEST_N] = req_state.n
-    if _ends_in_finish_hook() and req_state.request_id not in instance.request_states:
-        rec.finish = rec.finish or _finish_reason(args, kwargs)
-        _end([rec], time.monotonic())
-    return None
-
-
-def _finish_reason(args: tuple, kwargs: dict) -> str | None:
-    """``do_tracing``'s final output's finish reason (a stop string's: ``stop``)."""
-    eco = args[0] if args else kwargs.get("engine_core_output")
-    reason = getattr(eco, "finish_reason", None)
-    return str(reason) if reason is not None else "stop"
 
 
 # Defined beside their wrappers: ``_settle`` runs outside any wrapper and reports its failures

@@ -10,10 +10,8 @@ carries the stage durations.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
-from operator import attrgetter
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -21,15 +19,15 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from otel_ttft import semconv
-from otel_ttft.runtime import clock, config, ids
+from otel_ttft.runtime import clock, ids
 from otel_ttft.runtime.hooks.request import detail as request_detail
 from otel_ttft.runtime.hooks.request import first_use
 from otel_ttft.runtime.hooks.request import metrics as request_metrics
+from otel_ttft.runtime.hooks.request.attributes import operation_name, span_attributes
 from otel_ttft.runtime.hooks.request.payload import EnginePayload
 from otel_ttft.runtime.hooks.request.state import RequestRecord
 from otel_ttft.runtime.hooks.request.timeline import (
     PREEMPTED,
-    SCHEDULED,
     Segment,
     stage_durations,
     tile,
@@ -188,38 +186,6 @@ def _fill(span: Any, segments: list[Segment], first_decode: tuple[float, float] 
     return span
 
 
-# --- building the spans --------------------------------------------------------------------------
-
-# (SamplingParams field, attribute, the value that means "not set": then the attribute is left
-# out, as the GenAI conventions ask for choice.count; each attribute costs encoding per request)
-_PARAMS = (
-    ("temperature", semconv.GEN_AI_REQUEST_TEMPERATURE, None),
-    ("top_p", semconv.GEN_AI_REQUEST_TOP_P, 1.0),
-    ("top_k", semconv.GEN_AI_REQUEST_TOP_K, 0),
-    ("max_tokens", semconv.GEN_AI_REQUEST_MAX_TOKENS, None),
-    ("frequency_penalty", semconv.GEN_AI_REQUEST_FREQUENCY_PENALTY, 0.0),
-    ("presence_penalty", semconv.GEN_AI_REQUEST_PRESENCE_PENALTY, 0.0),
-    ("seed", semconv.GEN_AI_REQUEST_SEED, None),
-    ("n", semconv.GEN_AI_REQUEST_CHOICE_COUNT, 1),
-)
-
-
-_param_getter = attrgetter(*(name for name, _, _ in _PARAMS))
-
-
-def param_values(params: Any) -> tuple[Any, ...] | None:
-    """The ``_PARAMS`` values of vLLM's ``SamplingParams``, in one tuple: what a finished
-    request keeps of them while it waits to be emitted. The ``SamplingParams`` (and the lists it
-    holds) would otherwise outlive the request by the emission delay, and every object a
-    waiting record keeps alive counts towards the API server's next garbage collection."""
-    if params is None or isinstance(params, tuple):
-        return params
-    try:
-        return _param_getter(params)
-    except AttributeError:  # not vLLM's (a stand-in, another version)
-        return tuple(getattr(params, name, None) for name, _, _ in _PARAMS)
-
-
 def emit_request(rec: RequestRecord, now: float) -> None:
     """The request's span tree and metric samples (its hooks' failure rule applies)."""
     end = now
@@ -270,7 +236,7 @@ def emit_request(rec: RequestRecord, now: float) -> None:
         span = emit_tree(
             parent=parent, kind=kind, start=rec.arrival, end=max(end, ttft_end or end),
             segments=segments, first_decode=first_decode, warmup=warmup,
-            attributes=_span_attributes(rec, eng, ttft, schedule, stages, fills),
+            attributes=span_attributes(rec, eng, ttft, schedule, stages, fills),
             events=_preemption_events(rec, schedule), links=_links(rec), error=error,
             detail=detail)
         if span.get_span_context().is_valid:
@@ -279,20 +245,6 @@ def emit_request(rec: RequestRecord, now: float) -> None:
     request_metrics.record_request(ttft, stages, rec.model, rec.cold,
                                    eng.waiting if eng is not None else None, usage,
                                    context=ctx, operation=operation_name(rec.ext_id))
-
-
-def _span_attributes(rec: RequestRecord, eng: EnginePayload | None, ttft: float | None,
-                     schedule: list[tuple[str, float]], stages: dict[str, float],
-                     fills: list[first_use.Fill] = ()) -> dict[str, Any]:
-    attrs = _attributes(rec, eng, ttft, schedule)
-    if fills:
-        attrs[semconv.ATTR_REQUEST_FIRST_USE_SECONDS] = _union_s(fills)
-    for stage, seconds in stages.items():
-        attrs[semconv.REQUEST_STAGE_SECONDS[stage]] = seconds
-    seen = (sum(1 for kind, ts in schedule if kind == PREEMPTED
-                and (rec.first_tok is None or ts < rec.first_tok)) + len(rec.late_preemptions))
-    attrs[semconv.ATTR_REQUEST_PREEMPTIONS] = max(seen, rec.preemptions or 0)  # vLLM's, if kept
-    return attrs
 
 
 def _preemption_events(rec: RequestRecord, schedule: list[tuple[str, float]]
@@ -328,100 +280,3 @@ def _warmup_spans(eng: EnginePayload | None, fills: list[first_use.Fill] = ()
     if eng.adapter is not None:
         out.append((semconv.SPAN_ADAPTER_LOAD, semconv.STAGE_WARMUP_ADAPTER, *eng.adapter, {}))
     return out
-
-
-def _union_s(intervals: list[first_use.Fill]) -> float:
-    """Seconds covered by possibly nested intervals (a compile inside a template parse)."""
-    total, cur_start, cur_end = 0.0, None, None
-    for start, end, _ in sorted(intervals):
-        if cur_end is None or start > cur_end:
-            if cur_end is not None:
-                total += cur_end - cur_start
-            cur_start, cur_end = start, end
-        else:
-            cur_end = max(cur_end, end)
-    return total + (cur_end - cur_start if cur_end is not None else 0.0)
-
-
-_CHAT_PREFIXES = ("chatcmpl-", "resp-")  # vLLM's request ids: chat completions, responses
-
-
-def operation_name(external_id: str) -> str:
-    """``gen_ai.operation.name`` from vLLM's request id (``chatcmpl-...`` for chat; completions
-    and offline ``generate`` are text completions)."""
-    if external_id.startswith(_CHAT_PREFIXES):
-        return semconv.GEN_AI_OPERATION_CHAT
-    return semconv.GEN_AI_OPERATION_TEXT_COMPLETION
-
-
-def _attributes(rec: RequestRecord, eng: EnginePayload | None, ttft: float | None,
-                schedule: list[tuple[str, float]]) -> dict[str, Any]:
-    attrs: dict[str, Any] = {semconv.VLLM_REQUEST_ID: rec.ext_id,
-                             semconv.GEN_AI_OPERATION_NAME: operation_name(rec.ext_id),
-                             semconv.GEN_AI_PROVIDER_NAME: semconv.GEN_AI_PROVIDER_VLLM}
-    if rec.vllm:
-        attrs.update({k: v for k, v in rec.vllm.items() if v is not None})
-    if rec.model:
-        attrs[semconv.GEN_AI_REQUEST_MODEL] = rec.model
-        attrs[semconv.GEN_AI_RESPONSE_MODEL] = rec.model
-    if rec.prompt_len is not None:
-        attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS] = rec.prompt_len
-    attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] = rec.out_tokens
-    if rec.cached is not None:
-        attrs[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = rec.cached
-    params = rec.params
-    if params is not None:
-        values = params if isinstance(params, tuple) else param_values(params)
-        for (_, key, unset), value in zip(_PARAMS, values, strict=True):
-            if value is not None and isinstance(value, (int, float)) and value != -1 \
-                    and value != unset:
-                attrs[key] = value
-    if rec.finish:
-        attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = [rec.finish]
-    if ttft is not None:
-        attrs[semconv.ATTR_REQUEST_TTFT] = ttft
-    if rec.queue is not None or rec.taken:  # served through a ``generate`` call
-        attrs[semconv.ATTR_REQUEST_STREAMING] = rec.streaming
-    if rec.aborted:
-        attrs[semconv.ATTR_REQUEST_ABORTED] = True
-    attrs[semconv.ATTR_REQUEST_SCHEDULE_KNOWN] = any(k == SCHEDULED for k, _ in schedule)
-    if rec.rejected is not None:
-        attrs[semconv.ATTR_REQUEST_REJECTED] = True
-    if eng is not None:
-        admitted = sum(1 for kind, ts in schedule if kind == SCHEDULED
-                       and (rec.first_tok is None or ts < rec.first_tok))
-        attrs[semconv.ATTR_REQUEST_ADMISSION_FAILED] = max(0, eng.attempts - admitted)
-        attrs[semconv.ATTR_REQUEST_ARRIVAL_WAITING] = eng.waiting
-        attrs[semconv.ATTR_REQUEST_ARRIVAL_RUNNING] = eng.running
-        attrs[semconv.ATTR_REQUEST_ARRIVAL_KV_FREE] = eng.free
-        attrs[semconv.ATTR_REQUEST_ARRIVAL_KV_TOTAL] = eng.total
-        if eng.total:
-            attrs[semconv.ATTR_REQUEST_ARRIVAL_KV_USAGE] = 1.0 - eng.free / eng.total
-    if rec.lora is not None:
-        attrs[semconv.ATTR_LORA_NAME] = rec.lora.lora_name
-        attrs[semconv.ATTR_LORA_ID] = rec.lora.lora_int_id
-        adapter = eng.adapter if eng is not None else None
-        if adapter is not None:
-            attrs[semconv.ATTR_LORA_LOAD_SECONDS] = adapter[1] - adapter[0]
-            attrs[semconv.ATTR_ACTIVATION_KIND] = "adapter"
-    if eng is not None and eng.compile:
-        attrs[semconv.ATTR_REQUEST_COMPILE_SECONDS] = sum(e - s for s, e in eng.compile)
-    act = rec.activation
-    if act is not None:
-        attrs[semconv.ATTR_REQUEST_ACTIVATION_INDEX] = rec.cold_index
-        attrs.setdefault(semconv.ATTR_ACTIVATION_KIND, act.kind)
-        if act.ready_ns is not None:
-            attrs[semconv.ATTR_REQUEST_SINCE_READY] = (
-                clock.monotonic_to_epoch_ns(rec.arrival) - act.ready_ns) / 1e9
-    attrs[semconv.ATTR_REQUEST_COLD] = rec.cold
-    if config.current.capture_content:
-        if rec.prompt is not None:
-            attrs[semconv.GEN_AI_INPUT_MESSAGES] = json.dumps(
-                [{"role": "user", "parts": [{"type": "text", "content": rec.prompt}]}])
-        if rec.texts:
-            attrs[semconv.GEN_AI_OUTPUT_MESSAGES] = json.dumps(
-                [{"role": "assistant", "parts": [{"type": "text", "content": text}]}
-                 for _, text in sorted(rec.texts.items())])
-    return attrs
-
-

@@ -80,7 +80,7 @@ class RequestRecord:
     """vLLM's ``RequestState`` (its token counts are read once, when the request ends)."""
     params: Any = None
     """vLLM's ``SamplingParams``; once the request ends, only the values its span may carry (a
-    tuple, ``spans.param_values``)."""
+    tuple, ``attributes.param_values``)."""
     prompt_len: int | None = None
     """Prompt tokens."""
     prompt: str | None = None
