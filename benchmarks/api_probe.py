@@ -19,6 +19,12 @@ our frames' own CPU inside a real, busy server, beside the microbenchmark's figu
 code. The timers cost the metered process itself about 1 us a hooked call, so a metered run's
 CPU is not compared with another's.
 
+With ``BENCH_PROBE_STUB=module:function,...`` each named function is replaced by one that does
+nothing and returns ``None``, from the first switch on (``paired_overhead.py --env``): what that
+part of our request path costs the server end to end, where the meter sees only its own frames
+(``otel_ttft.runtime.hooks.request.spans:emit_request``: every finished request is dropped
+instead of emitted; only for attributing cost, never a working configuration).
+
 With ``BENCH_PROBE_YOUNG_TYPES=1`` each young collection after the first switch counts what it
 finds by type, per hooks state (``young_types`` in the dump): what a request leaves alive long
 enough to bring the next collection closer (``paired_overhead.py --env``).
@@ -87,6 +93,7 @@ def _dump(_signum: int, _frame: object) -> None:
 
 
 def _switch(_signum: int, _frame: object) -> None:
+    _stub_functions()
     from otel_ttft.runtime import config
     from otel_ttft.runtime.instrumentor import VllmTTFTInstrumentor, disabled_hooks
 
@@ -107,6 +114,29 @@ def _switch(_signum: int, _frame: object) -> None:
         with open(f"{path}.switch.tmp", "w") as f:
             json.dump({"hooks": state}, f)
         os.replace(f"{path}.switch.tmp", f"{path}.switch")
+
+
+_stubbed = False
+
+
+def _nothing(*args, **kwargs) -> None:
+    return None
+
+
+def _stub_functions() -> None:
+    """``BENCH_PROBE_STUB``: applied once, at the first switch (every module is loaded by then)."""
+    global _stubbed
+    if _stubbed:
+        return
+    _stubbed = True
+    for spec in filter(None, os.environ.get("BENCH_PROBE_STUB", "").split(",")):
+        module, _, qualname = spec.partition(":")
+        *owners, name = qualname.split(".")
+        owner = importlib.import_module(module)
+        for part in owners:
+            owner = getattr(owner, part)
+        getattr(owner, name)  # a misspelt name fails here, not silently
+        setattr(owner, name, _nothing)
 
 
 def _switch_metered(hooks, disabled: set[str]) -> str:
@@ -147,7 +177,9 @@ def _free_functions(on: bool) -> None:
     """Our code that runs outside any wrapper, metered too (API process only)."""
     from otel_ttft.runtime.hooks.request import api, flush
 
-    targets = {(api, "_settle"): "request.settle", (flush._TimedSend, "__call__"): "request.send"}
+    # ``FirstOutputs`` includes vLLM's ``update_from_output`` it calls (three attribute tests).
+    targets = {(api, "_settle"): "request.settle", (flush._TimedSend, "__call__"): "request.send",
+               (api.FirstOutputs, "__call__"): "request.first_outputs"}
     for spec in filter(None, os.environ.get("BENCH_PROBE_METER_FUNCS", "").split(",")):
         module, _, qualname = spec.partition(":")  # inclusive time only: not in the total
         *owners, name = qualname.split(".")

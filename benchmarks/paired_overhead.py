@@ -61,7 +61,15 @@ from request_overhead import (
     stop_all,
     switch_hooks,
 )
-from server_counters import cpu_seconds, pause, pin, processes, thread_cpu
+from server_counters import (
+    counter_delta,
+    counters,
+    cpu_seconds,
+    pause,
+    pin,
+    processes,
+    thread_cpu,
+)
 
 from otel_ttft.tools.sink.receiver import OTLPReceiver
 from otel_ttft.tools.sink.store import SpanStore
@@ -132,6 +140,7 @@ def together(servers: list, model: str, prompts: list[list[int]], max_tokens: in
     roles = [processes(s) for s in servers]
     before = [{role: cpu_seconds(pids) for role, pids in r.items()} for r in roles]
     threads_before = [thread_cpu(s.pid) for s in servers]
+    counters_before = [counters(s.pid) for s in servers]
     t0 = time.monotonic()
     begin = t0 + 0.2  # every client process forked and waiting
     pipes, clients = [], []
@@ -151,8 +160,9 @@ def together(servers: list, model: str, prompts: list[list[int]], max_tokens: in
     for r, out, cpu0 in zip(roles, outs, before, strict=True):
         out["cpu_s"] = {role: cpu_seconds(pids) - cpu0[role] for role, pids in r.items()}
         out["api_cpu_s"] = out["cpu_s"]["api"]
-    for s, out, t0s in zip(servers, outs, threads_before, strict=True):
+    for s, out, t0s, c0 in zip(servers, outs, threads_before, counters_before, strict=True):
         out["api_threads_s"] = api_threads(s.pid, t0s)
+        out["api_counters"] = counter_delta(c0, counters(s.pid))
     for s, p, out, gc0 in zip(servers, probes, outs, gc_before, strict=True):
         gc1 = probe_counts(s, p)  # the dump itself is outside the counted window
         if gc0 is not None and gc1 is not None:
@@ -188,6 +198,20 @@ def threads_per_request(rounds: list[dict]) -> dict:
                 out.setdefault(state, {}).setdefault(thread, []).append(s / n * 1e6)
     return {state: {t: round(statistics.median(v), 1) for t, v in sorted(
         by.items(), key=lambda kv: -statistics.median(kv[1]))} for state, by in out.items()}
+
+
+def counters_per_request(rounds: list[dict]) -> dict:
+    """The API process's syscalls, bytes, minor page faults and main-thread context switches
+    per request (``server_counters.counters``), hooks on and off, medians over the rounds: work
+    the kernel does for it, which a Python profiler does not see."""
+    out: dict = {}
+    for i, x in enumerate(rounds):
+        for state, name in (("on", x["on"]), ("off", SERVERS[1 - i % 2])):
+            n = max(x["requests"][name], 1)
+            for key, value in (x.get("counters") or {}).get(name, {}).items():
+                out.setdefault(state, {}).setdefault(key, []).append(value / n)
+    return {state: {k: round(statistics.median(v), 2) for k, v in by.items()}
+            for state, by in out.items()}
 
 
 def gc_per_request(rounds: list[dict]) -> dict:
@@ -287,6 +311,8 @@ def main() -> None:
                                                                   strict=True)},
                     "gc": {n: o.get("gc") for n, o in zip(SERVERS, outs, strict=True)},
                     "threads": {n: o["api_threads_s"] for n, o in zip(SERVERS, outs,
+                                                                      strict=True)},
+                    "counters": {n: o["api_counters"] for n, o in zip(SERVERS, outs,
                                                                       strict=True)}})
                 print(f"round {r:2d} {load:4s} {up:8s} on={SERVERS[on]:5s} "
                       f"A {cpu[0] * 1e3:5.2f} ms/req ({outs[0]['requests']:3d})  "
@@ -320,6 +346,7 @@ def main() -> None:
             "off_api_ms_per_request_median": round(statistics.median(off_ms), 3),
             "gc_per_request_median": gc_per_request(rounds),
             "api_us_per_request_by_thread_median": threads_per_request(rounds),
+            "api_counters_per_request_median": counters_per_request(rounds),
             "rounds": rounds}
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2))
@@ -334,7 +361,8 @@ def main() -> None:
               f"{f['off_api_ms_per_request_median']:.2f} ms/request; requests served on / off "
               f"{f['throughput_per_pair']['median']:.3f}; garbage collection "
               f"{f['gc_per_request_median']}; API CPU by thread, us per request "
-              f"{f['api_us_per_request_by_thread_median']}")
+              f"{f['api_us_per_request_by_thread_median']}; per request "
+              f"{f['api_counters_per_request_median']}")
 
 
 if __name__ == "__main__":

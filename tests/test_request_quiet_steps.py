@@ -1,7 +1,8 @@
 """The API process's per-step hook stands aside once no request waits for its first two tokens
-(vLLM's own ``process_outputs`` runs, ``registry.bypass``); requests still end, through
-``OutputProcessor._update_stats_from_finished``, with what vLLM counted meanwhile. On vLLM's real
-``AsyncLLM.generate`` and ``OutputProcessor`` (``tests/request_engine.py``)."""
+(vLLM's own ``process_outputs`` runs, ``registry.bypass``), and a request that can be watched
+on its own ``LogprobsProcessor`` (``api.FirstOutputs``) never brings it back; requests still
+end, through ``OutputProcessor._update_stats_from_finished``, with what vLLM counted meanwhile.
+On vLLM's real ``AsyncLLM.generate`` and ``OutputProcessor`` (``tests/request_engine.py``)."""
 
 from __future__ import annotations
 
@@ -66,32 +67,98 @@ def test_steps_after_the_second_token_run_vllms_own_process_outputs(engine, api_
     assert not request.state.live and not request.state.fresh
 
 
-def test_a_new_request_brings_the_hook_back_for_its_first_outputs(engine, api_telemetry):
-    exporter, _ = api_telemetry
+def _watched(engine: Engine, rid: str) -> bool:
+    """Our ``FirstOutputs`` sits on the request's own ``LogprobsProcessor``."""
+    processor = engine.processor.request_states[rid].logprobs_processor
+    return isinstance(vars(processor).get("update_from_output"), request.api.FirstOutputs)
 
+
+def _two_requests(engine: Engine, check) -> None:
     async def scenario():
         first = asyncio.ensure_future(_drain(engine.llm.generate("hello", params(4), "cmpl-a")))
         await asyncio.sleep(0)
         engine.step("cmpl-a", 21, first=True)
         engine.step("cmpl-a", 22)
         assert _bypassed(engine)
-        second = asyncio.ensure_future(_drain(engine.llm.generate("hello", params(2), "cmpl-b")))
+        second = asyncio.ensure_future(_drain(engine.llm.generate("hello", params(3), "cmpl-b")))
         await asyncio.sleep(0)
-        assert not _bypassed(engine)  # cmpl-b's first output is looked at
+        check("added")
         engine.step("cmpl-b", 31, first=True)
         engine.step("cmpl-a", 23)
-        engine.step("cmpl-b", 32, finish=True)
+        check("first")
+        engine.step("cmpl-b", 32)
+        check("second")
+        engine.step("cmpl-b", 33, finish=True)
         engine.step("cmpl-a", 24, finish=True)
         await asyncio.gather(first, second)
         await asyncio.sleep(0)
 
     asyncio.run(scenario())
+
+
+def _request_spans(exporter) -> dict:
     spans = {s.attributes[semconv.VLLM_REQUEST_ID]: s for s in exporter.get_finished_spans()
              if s.name == semconv.SPAN_REQUEST}
     assert set(spans) == {"cmpl-a", "cmpl-b"}
-    for span in spans.values():  # both measured from their own first output
+    for span in spans.values():  # both measured from their own first two outputs
         assert span.attributes[semconv.ATTR_REQUEST_TTFT] > 0
-    assert spans["cmpl-b"].attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 2
+        assert span.attributes[semconv.REQUEST_STAGE_SECONDS[semconv.STAGE_FIRST_DECODE]] >= 0
+    assert spans["cmpl-b"].attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 3
+    return spans
+
+
+def test_a_new_request_is_watched_on_its_own_processor_not_every_step(engine, api_telemetry):
+    """Its first two outputs reach our ``FirstOutputs`` on its own ``LogprobsProcessor``; the
+    per-step hook stays aside throughout, and the processor is vLLM's own again after the
+    second token."""
+    exporter, _ = api_telemetry
+
+    def check(moment: str) -> None:
+        assert _bypassed(engine)  # no frame of ours a step
+        assert _watched(engine, "cmpl-b") is (moment != "second")
+        assert not _watched(engine, "cmpl-a")
+
+    _two_requests(engine, check)
+    spans = _request_spans(exporter)
+    assert spans["cmpl-b"].attributes[semconv.ATTR_REQUEST_SCHEDULE_KNOWN] is True
+    assert not request.state.live and not request.state.fresh
+
+
+def test_a_request_that_cannot_be_watched_brings_the_per_step_hook_back(engine, api_telemetry,
+                                                                        monkeypatch):
+    """Where its own processor cannot carry the look (vLLM's stats logging off, a pooling
+    request), every step is looked at again until its second token."""
+    exporter, _ = api_telemetry
+    monkeypatch.setattr(request.api, "_watch", lambda *args: False)
+
+    def check(moment: str) -> None:
+        assert _bypassed(engine) is (moment == "second")
+        assert not _watched(engine, "cmpl-b")
+
+    _two_requests(engine, check)
+    _request_spans(exporter)
+
+
+def test_a_request_that_ends_while_watched_leaves_vllms_processor_as_it_was(engine,
+                                                                           api_telemetry):
+    """Ended (or aborted) before its second token: nothing of ours stays on vLLM's objects."""
+    exporter, _ = api_telemetry
+
+    async def scenario():
+        reader = asyncio.ensure_future(_drain(engine.llm.generate("hello", params(1), "cmpl-1")))
+        await asyncio.sleep(0)
+        processor = engine.processor.request_states["cmpl-1"].logprobs_processor
+        assert _watched(engine, "cmpl-1")
+        engine.step("cmpl-1", 21, first=True, finish=True)
+        await reader
+        await asyncio.sleep(0)
+        return processor
+
+    processor = asyncio.run(scenario())
+    assert "update_from_output" not in vars(processor)
+    attrs = request_span(exporter).attributes
+    assert attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 1
+    assert attrs[semconv.ATTR_REQUEST_TTFT] > 0
 
 
 def test_a_stop_string_found_in_a_quiet_step_ends_the_request_as_stopped(engine, api_telemetry):

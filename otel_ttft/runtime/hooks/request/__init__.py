@@ -16,11 +16,14 @@ API process (``api``):
   streams it is known.
 - ``request.generate`` -- ``AsyncLLM.generate``, applied only with content capture opted in (the
   output text per choice); otherwise vLLM's ``generate`` is not wrapped at all.
-- ``request.outputs`` -- ``OutputProcessor.process_outputs`` (hot): the first output's engine
-  timestamp, QUEUED/SCHEDULED/PREEMPTED events and the EngineCore payload; the second token's time.
-  Per output, two attribute reads and a lookup among the requests still waiting for their first
-  two tokens (``state.fresh``); while none waits, vLLM's own method runs without our wrapper
-  (``registry.bypass``) until ``request.add`` takes the next request.
+- ``request.outputs`` -- the first output's engine timestamp, QUEUED/SCHEDULED/PREEMPTED events
+  and the EngineCore payload; the second token's time. Seen on the request's own
+  ``LogprobsProcessor.update_from_output`` (``api.FirstOutputs``, an instance attribute set by
+  ``request.add`` and removed at its second token or its end): no frame of ours a step, only
+  for that request's first outputs. Where that is not possible (vLLM's stats logging off, a
+  pooling request, no ``request.finish``), ``OutputProcessor.process_outputs`` (hot) looks at
+  every output of a step while such a request waits (``state.fresh``); while none waits, vLLM's
+  own method runs without our wrapper (``registry.bypass``).
 - ``request.finish`` -- ``OutputProcessor._update_stats_from_finished``: a request ended (its
   final output, or a stop string its detokenizer found); output tokens and preemptions are read
   once, from vLLM's state.

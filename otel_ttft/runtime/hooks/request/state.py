@@ -132,6 +132,9 @@ class RequestRecord:
     """Its position among the requests since the latest activation (1 = first)."""
     activation: Any = None
     """The latest activation (``hooks.activation``) when it arrived."""
+    watch: Any = None
+    """vLLM's ``LogprobsProcessor`` of this request while our ``FirstOutputs`` shadows its
+    ``update_from_output`` (until its second token, or its end: ``unwatch``)."""
     payload_due: str | None = None
     """EngineCore's payload as it came (a ``str``), decoded when the request is emitted
     (``read_payload``): in a batch, where that code runs warm; in the busy server's step it
@@ -173,6 +176,13 @@ class RequestRecord:
         if eco.finish_reason is not None:
             self.finish = str(eco.finish_reason)
 
+    def unwatch(self) -> None:
+        """vLLM's own ``update_from_output`` again for this request (and no reference cycle:
+        vLLM's request state -> its processor -> ours -> this record -> vLLM's request state)."""
+        processor, self.watch = self.watch, None
+        if processor is not None:
+            vars(processor).pop("update_from_output", None)
+
     def first_flush(self) -> float | None:
         """When the chunk with its first token left the server, if known."""
         return self.flush.first if self.flush is not None else self.flushed
@@ -213,10 +223,13 @@ then aborts them in EngineCore: ``reqs_to_abort``)."""
 
 
 def forget(rid: str) -> RequestRecord | None:
-    """The record leaves ``live`` (and ``fresh``, ``stoppable``)."""
+    """The record leaves ``live`` (and ``fresh``, ``stoppable``, and vLLM's processor)."""
     fresh.pop(rid, None)
     stoppable.discard(rid)
-    return live.pop(rid, None)
+    rec = live.pop(rid, None)
+    if rec is not None and rec.watch is not None:
+        rec.unwatch()
+    return rec
 
 
 def preemptions(req_state: Any) -> int | None:
