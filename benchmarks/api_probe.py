@@ -28,6 +28,9 @@ instead of emitted; only for attributing cost, never a working configuration).
 With ``BENCH_PROBE_YOUNG_TYPES=1`` each young collection after the first switch counts what it
 finds by type, per hooks state (``young_types`` in the dump): what a request leaves alive long
 enough to bring the next collection closer (``paired_overhead.py --env``).
+``BENCH_PROBE_GARBAGE_TYPES=1`` counts, by type and hooks state, what the collector found
+unreachable (``garbage_types``, with ``gc.DEBUG_SAVEALL``, freed after each collection): objects
+in reference cycles, which only a collection frees, so every one of them brings the next closer.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ _calibration: dict = {}
 
 _young_types: dict[str, dict[str, int]] = {}  # hooks state -> type -> young objects seen
 _young_sampling = False  # BENCH_PROBE_YOUNG_TYPES
+_garbage_types: dict[str, dict[str, int]] = {}  # hooks state -> type -> unreachable objects
+_garbage_sampling = False  # BENCH_PROBE_GARBAGE_TYPES
 _hooks_state: str | None = None  # None until the first switch: start-up is not sampled
 
 
@@ -66,6 +71,13 @@ def _on_gc(phase: str, info: dict) -> None:
                 counts[name] = counts.get(name, 0) + 1
         _started.append(time.thread_time())
     elif _started:
+        if _garbage_sampling and gc.garbage:
+            if _hooks_state:
+                counts = _garbage_types.setdefault(_hooks_state, {})
+                for obj in gc.garbage:
+                    name = f"{type(obj).__module__}.{type(obj).__qualname__}"
+                    counts[name] = counts.get(name, 0) + 1
+            gc.garbage.clear()
         _cpu_s[gen] += time.thread_time() - _started.pop()
         _counts[gen] += 1
         _collected[gen] += info.get("collected", 0)
@@ -78,6 +90,9 @@ def _dump(_signum: int, _frame: object) -> None:
     data = {"collections": list(_counts), "gc_cpu_s": list(_cpu_s),
             "collected": list(_collected),
             "threshold": list(gc.get_threshold()), "frozen": gc.get_freeze_count()}
+    if _garbage_sampling:
+        data["garbage_types"] = {state: dict(sorted(c.items(), key=lambda kv: -kv[1])[:60])
+                                 for state, c in _garbage_types.items()}
     if _young_sampling:
         data["young_types"] = {state: dict(sorted(c.items(), key=lambda kv: -kv[1])[:60])
                                for state, c in _young_types.items()}
@@ -217,8 +232,11 @@ def _timed(fn, label: str):
 def main() -> None:
     if len(sys.argv) < 3 or sys.argv[1] != "-m":
         sys.exit("usage: api_probe.py -m MODULE [ARGS...]")
-    global _young_sampling
+    global _young_sampling, _garbage_sampling
     _young_sampling = bool(os.environ.get("BENCH_PROBE_YOUNG_TYPES"))
+    _garbage_sampling = bool(os.environ.get("BENCH_PROBE_GARBAGE_TYPES"))
+    if _garbage_sampling:
+        gc.set_debug(gc.DEBUG_SAVEALL)
     gc.callbacks.append(_on_gc)
     if os.environ.get("BENCH_PROBE_METER"):
         global _meter

@@ -5,9 +5,18 @@ through the tracer."""
 from __future__ import annotations
 
 import pytest
-from opentelemetry.sdk.trace import SpanLimits, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ALWAYS_ON,
+    ParentBased,
+    TraceIdRatioBased,
+)
+from opentelemetry.trace import SpanContext, TraceFlags
 
 from otel_ttft import semconv
 from otel_ttft.runtime import config
@@ -15,7 +24,9 @@ from otel_ttft.runtime.hooks.request import spans as request_spans
 from otel_ttft.runtime.hooks.request.payload import EnginePayload
 from otel_ttft.runtime.hooks.request.state import FlushBox, RequestRecord
 from otel_ttft.runtime.hooks.request.timeline import PREEMPTED, SCHEDULED
-from otel_ttft.runtime.telemetry import finished
+from otel_ttft.runtime.telemetry import finished, offload, sdk_internals, span_wire
+from otel_ttft.runtime.telemetry.inflight import InflightTracker
+from otel_ttft.runtime.telemetry.pipeline import StageTagger
 
 TRACE_ID, PARENT_ID = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
 
@@ -111,3 +122,107 @@ def test_an_attribute_the_sdk_would_clean_is_cleaned_by_it(telemetry, monkeypatc
     fast = _emit(telemetry)[semconv.SPAN_REQUEST]
     slow = _emit(telemetry, StartWatcher())[semconv.SPAN_REQUEST]
     assert _content(fast) == _content(slow)
+
+
+class WireExporter(InMemorySpanExporter):
+    """Takes spans encoded as they end, as the API server's export process does; decodes them
+    as it would."""
+
+    takes_wire_spans = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kinds: list[type] = []
+
+    def export(self, spans):
+        self.kinds += [type(s) for s in spans]
+        return super().export(span_wire.readable(spans))
+
+
+def _emit_batched(telemetry, *extra):
+    """Through a batch processor over a ``WireExporter``, our own processors beside it (they
+    ignore the request span's end), as in the API server."""
+    telemetry(request_detail=semconv.DETAIL_ALL)
+    wire = WireExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(wire))
+    provider.add_span_processor(StageTagger())
+    provider.add_span_processor(InflightTracker())
+    for processor in extra:
+        provider.add_span_processor(processor)
+    config.configure(config.Config(tracer_provider=provider,
+                                   meter_provider=config.current.meter_provider,
+                                   request_detail=semconv.DETAIL_ALL))
+    request_spans.spans.use_tracer_provider(provider)
+    finished.reset()
+    request_spans.emit_request(_record(), now=100.2)
+    provider.force_flush()
+    provider.shutdown()
+    spans = {s.name: s for s in wire.get_finished_spans()}
+    return spans, dict(zip((s.name for s in wire.get_finished_spans()), wire.kinds, strict=True))
+
+
+def test_the_request_span_reaches_the_export_process_encoded_and_unchanged(telemetry):
+    wired, kinds = _emit_batched(telemetry)
+    assert kinds[semconv.SPAN_REQUEST] is span_wire.WireSpan  # encoded as it ended
+    assert {k for name, k in kinds.items() if name != semconv.SPAN_REQUEST} == {ReadableSpan}
+    plain = _emit(telemetry)
+    req_wired, req_plain = wired[semconv.SPAN_REQUEST], plain[semconv.SPAN_REQUEST]
+    assert _content(req_wired) == _content(req_plain)
+    # what the OTLP exporter sends, ids aside, is the same
+    assert encode_spans([req_wired]).SerializeToString().replace(
+        req_wired.context.span_id.to_bytes(8, "big"), b"") \
+        == encode_spans([req_plain]).SerializeToString().replace(
+        req_plain.context.span_id.to_bytes(8, "big"), b"")
+    for name, child in wired.items():  # children hang from the encoded request span
+        if name != semconv.SPAN_REQUEST:
+            assert child.parent.span_id == req_wired.context.span_id
+
+
+def test_a_processor_that_reads_span_ends_gets_the_readable_span(telemetry):
+    memory = InMemorySpanExporter()
+    _, kinds = _emit_batched(telemetry, SimpleSpanProcessor(memory))
+    assert kinds[semconv.SPAN_REQUEST] is ReadableSpan
+    assert semconv.SPAN_REQUEST in {s.name for s in memory.get_finished_spans()}
+
+
+def test_an_export_in_process_gets_readable_spans_again(telemetry):
+    """The export process failed: the batches already encoded are exported here, decoded."""
+    wired, _ = _emit_batched(telemetry)
+    inner = InMemorySpanExporter()
+    exporter = offload.OffloadedSpanExporter(inner)
+    exporter._broken = True
+    assert not exporter.takes_wire_spans
+    span = wired[semconv.SPAN_REQUEST]
+    origin = span_wire.origin(span.resource, span.instrumentation_scope)
+    encoded = span_wire.finished_span(origin, span.name, span.context, span.parent, span.kind,
+                                      span.start_time, span.end_time, dict(span.attributes),
+                                      span.events, span.links, span.status)
+    exporter.export([encoded])
+    (back,) = inner.get_finished_spans()
+    assert type(back) is ReadableSpan and _content(back) == _content(span)
+
+
+def test_a_sampler_that_must_be_asked_is_asked(telemetry):
+    """Not one of the SDK's static samplers: asked, with the parent in a context as usual."""
+    assert _emit(telemetry, sampler=TraceIdRatioBased(0.0)) == {}
+    assert semconv.SPAN_REQUEST in _emit(telemetry, sampler=TraceIdRatioBased(1.0))
+
+
+@pytest.mark.parametrize("sampler", [ALWAYS_ON, ALWAYS_OFF, ParentBased(ALWAYS_ON),
+                                     ParentBased(ALWAYS_OFF, remote_parent_sampled=ALWAYS_OFF,
+                                                 local_parent_not_sampled=ALWAYS_ON)])
+def test_static_decisions_are_the_samplers_own(sampler):
+    decisions = sdk_internals.static_decisions(sampler)
+    assert decisions is not None
+    for parent in [None] + [SpanContext(7, 9, remote, TraceFlags(flags))
+                            for remote in (True, False) for flags in (0, 1)]:
+        context = (trace.set_span_in_context(trace.NonRecordingSpan(parent))
+                   if parent is not None else None)
+        assert sdk_internals.static_decision(decisions, parent) \
+            is sampler.should_sample(context, 7, "x").decision
+
+
+def test_other_samplers_have_no_static_decisions():
+    assert sdk_internals.static_decisions(ParentBased(TraceIdRatioBased(0.5))) is None
+    assert sdk_internals.static_decisions(TraceIdRatioBased(0.5)) is None

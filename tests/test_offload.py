@@ -70,9 +70,10 @@ def test_a_batch_encodes_to_the_same_otlp_bytes_after_the_trip() -> None:
 
 
 @pytest.mark.parametrize("data", [b"", b"\xc1", b"\x93\x01\x90\x90",
-                                  span_wire._encode((2, [], [], [])),
-                                  span_wire._encode((1, [], [], [("x",)])),
-                                  span_wire._encode((1, [[{}, ""]], [None], [[0] * 20]))])
+                                  span_wire._encode((1, [], [], [])),  # another version
+                                  span_wire._encode((2, [], [], [("x",)])),
+                                  span_wire._encode((2, [[{}, ""]], [None], [[0, 0, [0] * 18]])),
+                                  span_wire._encode((2, [], [], [[3, 0, [0] * 18]]))])
 def test_anything_else_is_refused_as_a_value_error(data: bytes) -> None:
     with pytest.raises(ValueError):
         span_wire.decode(data)

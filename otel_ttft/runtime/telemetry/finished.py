@@ -12,6 +12,11 @@ SDK's no-op (batch, simple exporters) or one of ours that ignores spans of that 
 (``ignores_start``); attributes of the types the SDK keeps as they are (anything else goes
 through the SDK's own ``BoundedAttributes``, as do span limits tighter than a request span).
 Anything else gets ``start_span``. The SDK internals this reads are in ``sdk_internals``.
+
+Where the only processor that wants the span at its end is a batch processor exporting through
+the export process (``offload``; every other one ``ignores_end`` spans of that name), ``end``
+hands it a ``span_wire.WireSpan`` instead, encoded at once: one object waiting in the queue, and
+no ``ReadableSpan``, which the export process builds.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, TraceFlags
 
-from otel_ttft.runtime.telemetry import sdk_internals, spans
+from otel_ttft.runtime.telemetry import sdk_internals, span_wire, spans
 
 logger = logging.getLogger("otel_ttft")
 
@@ -38,6 +43,7 @@ _SCALARS = (str, bool, int, float)
 _maker: sdk_internals.SpanMaker | None = None
 _real: Any = None  # the tracer ``_maker`` was read from (``None`` there: not an SDK tracer)
 _start_free: dict[str, bool] = {}  # span name -> no processor wants its start
+_wire_routes: dict[str, WireRoute | None] = {}  # span name -> where it goes encoded, if it can
 _broken = ReadableSpan is None  # set for good if making a span this way ever fails
 
 
@@ -52,25 +58,60 @@ def _maker_for(name: str) -> sdk_internals.SpanMaker | None:
         _real, _maker = real, sdk_internals.span_maker(real)
         maker = _maker
         _start_free.clear()
+        _wire_routes.clear()
     if maker is None:
         return None
     free = _start_free.get(name)
     if free is None:
         free = _start_free[name] = all(
-            sdk_internals.start_is_noop(p) or _ignores(p, name) for p in maker.processors)
+            sdk_internals.start_is_noop(p) or _ignores(p, "ignores_start", name)
+            for p in maker.processors)
     return maker if free else None
 
 
-def _ignores(processor: Any, name: str) -> bool:
-    ignores = getattr(processor, "ignores_start", None)
+def _ignores(processor: Any, method: str, name: str) -> bool:
+    ignores = getattr(processor, method, None)
     return bool(ignores is not None and ignores(name))
+
+
+class WireRoute:
+    """The one processor that wants spans of a name at their end, when it takes them encoded:
+    a batch processor whose exporter ``takes_wire_spans`` (asked at every end: the export
+    process may have failed since)."""
+
+    __slots__ = ("processor", "exporter", "origin")
+
+    def __init__(self, processor: Any, exporter: Any, origin: int):
+        self.processor, self.exporter, self.origin = processor, exporter, origin
+
+
+def _wire_route(maker: sdk_internals.SpanMaker, name: str) -> WireRoute | None:
+    try:
+        return _wire_routes[name]
+    except KeyError:
+        pass
+    route = None
+    for processor in maker.processors:
+        if _ignores(processor, "ignores_end", name):
+            continue
+        batch = sdk_internals.batch_processor(processor)
+        exporter = sdk_internals.batch_exporter(batch) if batch is not None else None
+        if route is not None or getattr(exporter, "takes_wire_spans", None) is None:
+            route = None  # another processor reads the span: it gets a ``ReadableSpan``
+            break
+        origin = span_wire.origin(maker.resource, maker.scope)
+        if origin is None:
+            break
+        route = WireRoute(processor, exporter, origin)
+    _wire_routes[name] = route
+    return route
 
 
 class FinishedSpan:
     """A recording span that exists only as what it will carry; ``end`` hands it over."""
 
     __slots__ = ("maker", "name", "context", "parent", "kind", "start_time", "attributes",
-                 "events", "links", "status", "end_metrics")
+                 "events", "links", "status", "end_metrics", "wire")
 
     def __init__(self, maker: sdk_internals.SpanMaker, name: str, context: SpanContext,
                  parent: SpanContext | None, kind: SpanKind, start_time: int,
@@ -78,6 +119,7 @@ class FinishedSpan:
         self.maker, self.name, self.context, self.parent = maker, name, context, parent
         self.kind, self.start_time, self.attributes = kind, start_time, attributes
         self.links, self.end_metrics = links, end_metrics
+        self.wire = _wire_route(maker, name) if context.trace_flags.sampled else None
         self.events: list[tuple[str, Mapping[str, Any], int]] = []
         self.status = Status()
 
@@ -117,6 +159,12 @@ class FinishedSpan:
         links = tuple(self.links[: limits.max_links])
         if self.end_metrics:
             self.end_metrics()
+        wire = self.wire
+        if wire is not None and wire.exporter.takes_wire_spans:
+            wire.processor.on_end(span_wire.finished_span(
+                wire.origin, self.name, self.context, self.parent, self.kind, self.start_time,
+                end_time, attributes, events, links, self.status))
+            return
         maker.processor.on_end(ReadableSpan(
             self.name, self.context, self.parent, maker.resource, attributes, events, links,
             kind=self.kind, instrumentation_info=maker.info, status=self.status,
@@ -141,43 +189,62 @@ def _plain(attributes: dict[str, Any], max_count: int | None,
     return attributes
 
 
-def start_finished(name: str, *, context: otel_context.Context, kind: SpanKind, start_time: int,
+def start_finished(name: str, *, parent: SpanContext | None,
+                   context: otel_context.Context | None, kind: SpanKind, start_time: int,
                    links: Sequence[Link] = ()) -> Any:
     """A span to fill and ``end`` at once: a ``FinishedSpan`` where nothing can tell the
-    difference, else the tracer's own span (``start_span``)."""
+    difference, else the tracer's own span (``start_span``). ``parent``: the parent span's
+    context, if any; ``context``: the context it came in, if there is one (else made only for a
+    sampler that has to be asked, or for the tracer)."""
     global _broken
+    if parent is not None and not parent.is_valid:
+        parent = None
     maker = _maker_for(name)
     if maker is not None:
         try:
-            return _start(maker, name, context, kind, start_time, links)
+            return _start(maker, name, parent, context, kind, start_time, links)
         except Exception as exc:  # noqa: BLE001 - an SDK we do not know: the tracer from now on
             _broken = True
             logger.info("otel-ttft: finished spans unavailable (%r); using the tracer", exc)
-    return spans.tracer().start_span(name, context=context, kind=kind, start_time=start_time,
-                                     links=links)
+    return spans.tracer().start_span(name, context=_context(parent, context), kind=kind,
+                                     start_time=start_time, links=links)
 
 
-def _start(maker: sdk_internals.SpanMaker, name: str, context: otel_context.Context,
-           kind: SpanKind, start_time: int, links: Sequence[Link]) -> Any:
+_ROOT = otel_context.Context()
+"""No parent: a new trace (read only, as every context is)."""
+
+
+def _context(parent: SpanContext | None,
+             context: otel_context.Context | None) -> otel_context.Context:
+    if context is not None:
+        return context
+    return trace.set_span_in_context(trace.NonRecordingSpan(parent)) if parent else _ROOT
+
+
+def _start(maker: sdk_internals.SpanMaker, name: str, parent: SpanContext | None,
+           context: otel_context.Context | None, kind: SpanKind, start_time: int,
+           links: Sequence[Link]) -> Any:
     """What ``Tracer.start_span`` does before it makes the span."""
-    parent: SpanContext | None = trace.get_current_span(context).get_span_context()
-    if parent is None or not parent.is_valid:
-        parent = None
-        trace_id = maker.id_generator.generate_trace_id()
+    trace_id = maker.id_generator.generate_trace_id() if parent is None else parent.trace_id
+    if maker.static_decisions is not None:  # what the sampler would say, without asking it
+        decision = sdk_internals.static_decision(maker.static_decisions, parent)
+        trace_state, attributes = (None if parent is None else parent.trace_state), None
     else:
-        trace_id = parent.trace_id
-    sampling = maker.sampler.should_sample(context, trace_id, name, kind, None, links)
-    flags = TraceFlags.SAMPLED if sampling.decision.is_sampled() else TraceFlags.DEFAULT
+        sampling = maker.sampler.should_sample(_context(parent, context), trace_id, name, kind,
+                                               None, links)
+        decision, trace_state = sampling.decision, sampling.trace_state
+        attributes = sampling.attributes
+    flags = TraceFlags.SAMPLED if decision.is_sampled() else TraceFlags.DEFAULT
     if (maker.id_generator.is_trace_id_random() if parent is None
             else parent.trace_flags.random_trace_id):
         flags |= TraceFlags.RANDOM_TRACE_ID
     span_context = SpanContext(trace_id, maker.id_generator.generate_span_id(), is_remote=False,
-                               trace_flags=TraceFlags(flags), trace_state=sampling.trace_state)
-    end_metrics = maker.start_metrics(parent, sampling.decision)
-    if not sampling.decision.is_recording():
+                               trace_flags=TraceFlags(flags), trace_state=trace_state)
+    end_metrics = maker.start_metrics(parent, decision)
+    if not decision.is_recording():
         return trace.NonRecordingSpan(span_context)
     return FinishedSpan(maker, name, span_context, parent, kind, start_time,
-                        dict(sampling.attributes or {}), links, end_metrics)
+                        dict(attributes) if attributes else {}, links, end_metrics)
 
 
 def processor_of(span: Any) -> Any | None:
@@ -193,3 +260,4 @@ def reset() -> None:
     _maker = _real = None
     _broken = ReadableSpan is None
     _start_free.clear()
+    _wire_routes.clear()

@@ -79,6 +79,11 @@ class LocalProcessor(SpanProcessor):
         (``telemetry.finished`` then makes such spans finished, without a start)."""
         return False
 
+    def ignores_end(self, name: str) -> bool:
+        """Whether ``on_end`` does nothing for a span of this name (``telemetry.finished`` may
+        then hand such spans to the batch processor encoded, never as ``ReadableSpan``)."""
+        return False
+
 
 class InflightTracker(LocalProcessor):
     """Keeps this process's open activation spans (SDK spans, by span id)."""
@@ -97,6 +102,9 @@ class InflightTracker(LocalProcessor):
         self.publish()
 
     def ignores_start(self, name: str) -> bool:
+        return name not in ACTIVATION_SPAN_NAMES
+
+    def ignores_end(self, name: str) -> bool:
         return name not in ACTIVATION_SPAN_NAMES
 
     def restaged(self, span: Any) -> None:

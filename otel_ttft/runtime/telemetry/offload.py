@@ -85,6 +85,13 @@ class OffloadedSpanExporter:
         self._timeout_s = float(getattr(inner, "_timeout", 10) or 10) + _ANSWER_GRACE_S
 
     @property
+    def takes_wire_spans(self) -> bool:
+        """Whether spans may reach ``export`` encoded already (``span_wire.WireSpan``): the
+        batches go to the child (an export here turns them back into ``ReadableSpan``)."""
+        return not self._broken and not self._shutdown and \
+            this_process.kind == PROCESS_API_SERVER
+
+    @property
     def sidecar_pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
@@ -97,7 +104,7 @@ class OffloadedSpanExporter:
                     if self._shutdown:
                         return _failure()
                     self._give_up(exc)
-        return self._inner.export(spans, *args, **kwargs)
+        return self._inner.export(span_wire.readable(spans), *args, **kwargs)
 
     def _via_child(self, spans: Sequence[Any]) -> Any:
         proc = self._proc or self._start()

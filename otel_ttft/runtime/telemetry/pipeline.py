@@ -43,6 +43,10 @@ class StageTagger(sdk_internals.EndingHook, inflight.LocalProcessor):
     def ignores_start(self, name: str) -> bool:
         return name not in semconv.VLLM_SPAN_STAGES
 
+    def ignores_end(self, name: str) -> bool:
+        """The request span carries its stages as seconds, never a ``ttft.stage``."""
+        return name == semconv.SPAN_REQUEST
+
     def on_end(self, span: ReadableSpan) -> None:
         attrs = span.attributes or {}
         stage = attrs.get(semconv.ATTR_STAGE)

@@ -6,10 +6,16 @@ send happen in the export process, which rebuilds the same ``ReadableSpan`` obje
 them to the same OTLP exporter class. Everything the OTLP encoder reads is carried: name, ids,
 flags, trace state, parent (and whether it is remote), kind, times, attributes, events, links,
 status, resource, instrumentation scope and the dropped counts of attributes, events and links.
+
+A span made finished (``telemetry.finished``) can be encoded as it ends, on its way into the batch
+processor's queue: a ``WireSpan`` (``finished_span``) is one bytes object where a ``ReadableSpan``
+is a dozen objects that wait for the export, seconds later, in the garbage collector's view of the
+busy API server; the batch embeds it as it is.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,54 +27,121 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-VERSION = 1
+VERSION = 2
 _MASK64 = (1 << 64) - 1
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder().decode
+_ORIGIN = struct.Struct("!H")
+_MAX_ORIGINS = 1 << 16
 
 
 def _attrs(attributes: Any) -> dict[str, Any]:
     return dict(attributes) if attributes else {}
 
 
-def encode(spans: Sequence[ReadableSpan]) -> bytes:
-    """One batch: ``[VERSION, resources, scopes, rows]``; resources and scopes once each."""
+class WireSpan(bytes):
+    """A sampled span already encoded: its origin (``origin``) in two bytes, then its fields.
+    What a batch processor reads of a span before its export is ``context.trace_flags``."""
+
+    __slots__ = ()
+    context = trace.SpanContext(1, 1, False, trace.TraceFlags(trace.TraceFlags.SAMPLED))
+
+
+# (resource, scope) pairs of this process's pre-encoded spans; a span names its pair by index
+_origins: list[tuple[Any, Any]] = []
+_origin_index: dict[tuple[int, int], int] = {}
+
+
+def origin(resource: Any, scope: Any) -> int | None:
+    """The index ``finished_span`` takes for spans of this resource and scope (a provider's
+    tracer: a handful per process); ``None`` once 65536 pairs are known."""
+    key = (id(resource), id(scope))
+    index = _origin_index.get(key)
+    if index is None:
+        if len(_origins) >= _MAX_ORIGINS:
+            return None
+        index = _origin_index[key] = len(_origins)
+        _origins.append((resource, scope))  # kept: the ids stay theirs
+    return index
+
+
+def _fields(name: str, ctx: Any, parent: Any, kind: Any, start: int, end: int,
+            attributes: Any, events: Sequence[Any], links: Sequence[Any], status: Any,
+            dropped_attributes: int, dropped_events: int, dropped_links: int) -> tuple:
+    return (
+        name, ctx.trace_id >> 64, ctx.trace_id & _MASK64, ctx.span_id,
+        int(ctx.trace_flags), list(ctx.trace_state.items()) if ctx.trace_state else None,
+        None if parent is None else (parent.span_id, parent.is_remote),
+        kind.value, start, end, attributes,
+        [(e.name, e.timestamp, _attrs(e.attributes)) for e in events],
+        [(ln.context.trace_id >> 64, ln.context.trace_id & _MASK64, ln.context.span_id,
+          int(ln.context.trace_flags), ln.context.is_remote, _attrs(ln.attributes))
+         for ln in links],
+        status.status_code.value, status.description,
+        dropped_attributes, dropped_events, dropped_links)
+
+
+def finished_span(origin_index: int, name: str, ctx: Any, parent: Any, kind: Any, start: int,
+                  end: int, attributes: dict[str, Any], events: Sequence[Any],
+                  links: Sequence[Any], status: Any) -> WireSpan:
+    """A sampled span, encoded now (``attributes``: what the SDK would keep, nothing dropped;
+    ``events`` and ``links``: the SDK's ``Event`` and ``Link``)."""
+    dropped = getattr(attributes, "dropped", 0)  # the SDK's ``BoundedAttributes``
+    return WireSpan(_ORIGIN.pack(origin_index) + _encode(_fields(
+        name, ctx, parent, kind, start, end,
+        attributes if type(attributes) is dict else _attrs(attributes), events, links, status,
+        dropped, 0, 0)))
+
+
+def readable(spans: Sequence[Any]) -> list[ReadableSpan]:
+    """The batch with every ``WireSpan`` made a ``ReadableSpan`` again (an export in process)."""
+    if not any(type(span) is WireSpan for span in spans):
+        return list(spans)
+    return [decode(encode([span]))[0] if type(span) is WireSpan else span for span in spans]
+
+
+def encode(spans: Sequence[Any]) -> bytes:
+    """One batch: ``[VERSION, resources, scopes, rows]``, a row ``[resource, scope, fields]``;
+    resources and scopes once each. ``spans``: ``ReadableSpan`` and ``WireSpan`` objects."""
     resources: dict[int, int] = {}
     scopes: dict[int, int] = {}
     resource_rows: list[Any] = []
     scope_rows: list[Any] = []
     rows = []
     for span in spans:
-        res = span.resource
+        if type(span) is WireSpan:
+            res, scope = _origins[_ORIGIN.unpack_from(span)[0]]
+            fields: Any = msgspec.Raw(memoryview(span)[_ORIGIN.size:])
+        else:
+            res, scope = span.resource, span.instrumentation_scope
+            fields = _fields(span.name, span.context, span.parent, span.kind, span.start_time,
+                             span.end_time, _attrs(span.attributes), span.events, span.links,
+                             span.status, span.dropped_attributes, span.dropped_events,
+                             span.dropped_links)
         ri = resources.get(id(res))
         if ri is None:
             ri = resources[id(res)] = len(resource_rows)
             resource_rows.append((_attrs(res.attributes), res.schema_url or ""))
-        scope = span.instrumentation_scope
         si = scopes.get(id(scope))
         if si is None:
             si = scopes[id(scope)] = len(scope_rows)
             scope_rows.append(None if scope is None else (
                 scope.name, scope.version, scope.schema_url,
                 _attrs(getattr(scope, "attributes", None))))
-        ctx = span.context
-        parent = span.parent
-        status = span.status
-        rows.append((
-            span.name, ctx.trace_id >> 64, ctx.trace_id & _MASK64, ctx.span_id,
-            int(ctx.trace_flags), list(ctx.trace_state.items()) if ctx.trace_state else None,
-            None if parent is None else (parent.span_id, parent.is_remote),
-            span.kind.value, span.start_time, span.end_time, _attrs(span.attributes),
-            [(e.name, e.timestamp, _attrs(e.attributes)) for e in span.events],
-            [(ln.context.trace_id >> 64, ln.context.trace_id & _MASK64, ln.context.span_id,
-              int(ln.context.trace_flags), ln.context.is_remote, _attrs(ln.attributes))
-             for ln in span.links],
-            status.status_code.value, status.description, ri, si,
-            span.dropped_attributes, span.dropped_events, span.dropped_links))
+        rows.append((ri, si, fields))
     return _encode((VERSION, resource_rows, scope_rows, rows))
 
 
+def _kept(attributes: dict[str, Any]) -> dict[str, Any]:
+    """Sequences as the SDK keeps them: tuples (msgpack brings them back as lists)."""
+    for key, value in attributes.items():
+        if type(value) is list:
+            attributes[key] = tuple(value)
+    return attributes
+
+
 def _bounded(attributes: dict[str, Any], dropped: int) -> Any:
+    attributes = _kept(attributes)
     if not dropped:
         return attributes
     bounded = BoundedAttributes(None, attributes, immutable=True)
@@ -95,8 +168,9 @@ def decode(data: bytes) -> list[ReadableSpan]:
         scopes = [None if row is None else InstrumentationScope(row[0], row[1], row[2], row[3])
                   for row in scope_rows]
         spans = []
-        for (name, hi, lo, span_id, flags, state, parent, kind, start, end, attrs, events, links,
-             code, description, ri, si, dropped_attrs, dropped_events, dropped_links) in rows:
+        for ri, si, (name, hi, lo, span_id, flags, state, parent, kind, start, end, attrs, events,
+                     links, code, description, dropped_attrs, dropped_events,
+                     dropped_links) in rows:
             trace_id = (hi << 64) | lo
             trace_state = trace.TraceState(state) if state else None
             ctx = trace.SpanContext(trace_id, span_id, False, trace.TraceFlags(flags),
@@ -105,9 +179,9 @@ def decode(data: bytes) -> list[ReadableSpan]:
                 trace_id, parent[0], parent[1], trace.TraceFlags(flags), trace_state)
             spans.append(ReadableSpan(
                 name, ctx, parent_ctx, resources[ri], _bounded(attrs, dropped_attrs),
-                _bounded_list([Event(n, a, ts) for n, ts, a in events], dropped_events),
+                _bounded_list([Event(n, _kept(a), ts) for n, ts, a in events], dropped_events),
                 _bounded_list([trace.Link(trace.SpanContext((lh << 64) | ll, sid, remote,
-                                                            trace.TraceFlags(lf)), a)
+                                                            trace.TraceFlags(lf)), _kept(a))
                                for lh, ll, sid, lf, remote, a in links], dropped_links),
                 trace.SpanKind(kind), status=trace.Status(trace.StatusCode(code), description),
                 start_time=start, end_time=end, instrumentation_scope=scopes[si]))

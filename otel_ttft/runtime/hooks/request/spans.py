@@ -89,30 +89,31 @@ class Children:
 
 
 def parent_context(trace_headers: Mapping[str, str] | None,
-                   current: otel_context.Context | None) -> tuple[otel_context.Context, SpanKind]:
+                   current: otel_context.Context | None
+                   ) -> tuple[SpanContext | None, otel_context.Context | None, SpanKind]:
     """The request span's parent: the current (HTTP server) span if there is one, else the
-    caller's ``traceparent``, else none. SERVER unless a local server span already exists."""
+    caller's ``traceparent``, else none; the context it is in, where there is one (the common
+    ``traceparent`` is parsed to a span context alone); SERVER unless a local server span already
+    exists."""
     # A ``Context`` is a dict: an empty one (no HTTP server span: the usual case) holds no span.
-    if current and trace.get_current_span(current).get_span_context().is_valid:
-        return current, SpanKind.INTERNAL
+    if current:
+        parent = trace.get_current_span(current).get_span_context()
+        if parent.is_valid:
+            return parent, current, SpanKind.INTERNAL
     if trace_headers:
-        ctx = _parse_traceparent(trace_headers)
-        if ctx is None:
-            from opentelemetry.trace.propagation.tracecontext import (
-                TraceContextTextMapPropagator,
-            )
+        parent = _parse_traceparent(trace_headers)
+        if parent is not None:
+            return parent, None, SpanKind.SERVER
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-            ctx = TraceContextTextMapPropagator().extract(
-                {k: v for k, v in trace_headers.items() if k in ("traceparent", "tracestate")})
-        return ctx, SpanKind.SERVER
-    return _ROOT, SpanKind.SERVER
-
-
-_ROOT = otel_context.Context()
-"""No parent: a new trace (read only, as every context is)."""
+        ctx = TraceContextTextMapPropagator().extract(
+            {k: v for k, v in trace_headers.items() if k in ("traceparent", "tracestate")})
+        parent = trace.get_current_span(ctx).get_span_context()
+        return (parent if parent.is_valid else None), ctx, SpanKind.SERVER
+    return None, None, SpanKind.SERVER
 
 
-def _parse_traceparent(headers: Mapping[str, str]) -> otel_context.Context | None:
+def _parse_traceparent(headers: Mapping[str, str]) -> SpanContext | None:
     """The common case (version 00, no tracestate) without the propagator's regex; else None."""
     value = headers.get("traceparent")
     if not value or "tracestate" in headers or len(value) != 55 or not value.startswith("00-"):
@@ -123,11 +124,11 @@ def _parse_traceparent(headers: Mapping[str, str]) -> otel_context.Context | Non
         return None
     if not trace_id or not span_id or value[35] != "-" or value[52] != "-":
         return None
-    ctx = SpanContext(trace_id, span_id, True, TraceFlags(flags & 1))
-    return trace.set_span_in_context(trace.NonRecordingSpan(ctx))
+    return SpanContext(trace_id, span_id, True, TraceFlags(flags & 1))
 
 
-def emit_tree(*, parent: otel_context.Context, kind: SpanKind, start: float, end: float,
+def emit_tree(*, parent: SpanContext | None, context: otel_context.Context | None,
+              kind: SpanKind, start: float, end: float,
               segments: list[Segment], first_decode: tuple[float, float] | None,
               warmup: list[Warmup], attributes: dict[str, Any],
               events: list[tuple[str, float, dict[str, Any]]], links: list[Link],
@@ -139,8 +140,8 @@ def emit_tree(*, parent: otel_context.Context, kind: SpanKind, start: float, end
     (adapter load, compile, a front-end cache filled): each becomes a child of the stage segment
     it started in.
     """
-    span = finished.start_finished(semconv.SPAN_REQUEST, context=parent, kind=kind,
-                                   start_time=ns(start), links=links)
+    span = finished.start_finished(semconv.SPAN_REQUEST, parent=parent, context=context,
+                                   kind=kind, start_time=ns(start), links=links)
     if not span.is_recording():
         span.end(end_time=ns(end))
         return span
@@ -220,21 +221,22 @@ def emit_request(rec: RequestRecord, now: float) -> None:
         rec.cold = True  # it waited for warm-up work (a compile, its adapter's load, a cache)
     error = rec.rejected or rec.error
     headers = rec.trace_headers
-    parent, kind = parent_context(headers if headers and "traceparent" in headers else None,
-                                  rec.context)
-    caller = trace.get_current_span(parent).get_span_context()  # whoever traces it, if anyone
+    # whoever traces the request, if anyone
+    caller, context, kind = parent_context(
+        headers if headers and "traceparent" in headers else None, rec.context)
     detail = request_detail.reason(cold=rec.cold, ttft=ttft, failed=bool(error or rec.aborted),
                                    model=rec.model)
-    if detail is None and request_detail.sampled(caller.trace_id if caller.is_valid else None):
+    if detail is None and request_detail.sampled(caller.trace_id if caller else None):
         detail = semconv.DETAIL_SAMPLED
     ctx = request_metrics.NO_SPAN
     # vLLM's own tracing on (``rec.vllm``): the user asked for a span per request; ours is it.
-    traced = (caller.is_valid and caller.trace_flags.sampled) or rec.vllm is not None
+    traced = (caller is not None and caller.trace_flags.sampled) or rec.vllm is not None
     if request_detail.wants_span(detail, traced=traced):
         segments = ([] if rec.rejected is not None or detail is None  # no children
                     else tile(rec.arrival, queued, schedule, rec.first_tok, ttft_end, end))
         span = emit_tree(
-            parent=parent, kind=kind, start=rec.arrival, end=max(end, ttft_end or end),
+            parent=caller, context=context, kind=kind, start=rec.arrival,
+            end=max(end, ttft_end or end),
             segments=segments, first_decode=first_decode, warmup=warmup,
             attributes=span_attributes(rec, eng, ttft, schedule, stages, fills),
             events=_preemption_events(rec, schedule), links=_links(rec), error=error,
