@@ -173,7 +173,7 @@ def _switch_metered(hooks, disabled: set[str]) -> str:
 
 
 def _meterable(hook) -> bool:
-    """The API server's request hooks, as the microbenchmark times them (sync or per-step)."""
+    """The API server's request hooks as the microbenchmark times them (not async, not streams)."""
     import inspect
 
     from otel_ttft.runtime.hooks.registry import Split, Stream

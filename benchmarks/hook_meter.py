@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from otel_ttft.runtime.hooks.registry import PASS, Hook, Split, guard
+from otel_ttft.runtime.hooks.registry import PASS, Hook, Split, Swap, guard
 
 # This thread's CPU time, not wall time: on a shared machine, time spent descheduled is not ours.
 _clock = time.thread_time
@@ -14,7 +14,8 @@ _clock = time.thread_time
 
 class Meter:
     """Own time of the hook wrappers (their time minus the vLLM call inside), per process side,
-    and their calls by guard kind (the registry's general guard, or the per-step ``Split`` one)."""
+    and their calls by guard kind (the registry's general guard, or the request path's lean one:
+    ``Split``, ``Swap``)."""
 
     def __init__(self) -> None:
         self.own: dict[str, float] = {}
@@ -24,9 +25,11 @@ class Meter:
 
     def timed(self, hook: Hook) -> Hook:
         wrapper, side, name = hook.wrapper, hook.process, hook.name
-        kind = "split" if isinstance(wrapper, Split) else "sync"
+        kind = "split" if isinstance(wrapper, (Split, Swap)) else "sync"
         if isinstance(wrapper, Split):
             wrapper = _as_call(wrapper)
+        elif isinstance(wrapper, Swap):
+            wrapper = _swap_as_call(wrapper)
 
         def run(wrapped, instance, args, kwargs):
             inner = 0.0
@@ -66,6 +69,19 @@ def _as_call(split: Split):
         result = call(*args, **kwargs)
         after(token, instance, args, kwargs, result)
         return result
+
+    return wrapper
+
+
+def _swap_as_call(swap: Swap):
+    """A ``Swap`` as a ``(call, instance, args, kwargs)`` wrapper."""
+    prepare = swap.prepare
+
+    def wrapper(call, instance, args, kwargs):
+        swapped = prepare(instance, args, kwargs)
+        if swapped is not None:
+            args, kwargs = swapped
+        return call(*args, **kwargs)
 
     return wrapper
 

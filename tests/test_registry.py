@@ -410,3 +410,32 @@ def test_split_hook_pass_skips_after_and_after_only_sees_every_result(fake_pkg):
     assert only_after == [(None, 2)]
     hooks.remove(mod)
     assert mod.Runner().load(5) == 10 and len(afters) == 2, "still wrapped after remove()"
+
+
+# --- Swap: a hook that hands vLLM's call other arguments ----------------------------------------
+
+def test_swap_hook_hands_other_arguments_and_failing_leaves_the_call_as_it_came(fake_pkg, caplog):
+    from otel_ttft.runtime.hooks.registry import Swap
+
+    given = []
+
+    def prepare(instance, args, kwargs):
+        given.append((args, dict(kwargs)))
+        if args and args[0] == 3:
+            raise RuntimeError("our bug")
+        if args:
+            return (args[0] + 10, *args[1:]), kwargs
+        return args, {**kwargs, "x": kwargs["x"] + 10}
+
+    mod, calls = _counting_target(fake_pkg)
+    hook = Hook("t.swap", f"{fake_pkg}:Runner.load", Swap(prepare))
+    hooks = HookSet([hook])
+    hooks.apply_to(mod)
+    assert mod.Runner().load(1) == 22 and mod.Runner().load(x=2) == 24
+    with caplog.at_level(logging.WARNING, logger="otel_ttft"):
+        assert mod.Runner().load(3) == 6, "a failed swap changed vLLM's call"
+    assert hook.failed and mod.Runner().load(4) == 8 and len(given) == 3, "ran again"
+    assert calls == [11, 12, 3, 4], "vLLM's function ran more or less than once per call"
+    assert sum("t.swap" in r.getMessage() for r in caplog.records) == 1
+    hooks.remove(mod)
+    assert mod.Runner().load(1) == 2, "still wrapped after remove()"

@@ -7,7 +7,7 @@ import asyncio
 import time
 
 from otel_ttft.runtime.hooks import request
-from otel_ttft.runtime.hooks.registry import HookSet
+from otel_ttft.runtime.hooks.registry import PASS, HookSet
 from otel_ttft.runtime.hooks.request import flush, state
 
 
@@ -67,14 +67,15 @@ def test_the_callers_trace_headers_are_noted_only_when_there_are_some():
 
     from otel_ttft.runtime.hooks.request import api
 
-    def add(*args, **kwargs):
+    def add(**kwargs):
+        assert api.before_engine_add_request(None, (), kwargs) is PASS  # vLLM's call unchanged
         return state.CALLER_HEADERS.get()
 
     def run():
-        seen = [api.wrap_engine_add_request(add, None, (), {"trace_headers": None})]
+        seen = [add(trace_headers=None)]
         untouched = contextvars.copy_context()
-        seen.append(api.wrap_engine_add_request(add, None, (), {"trace_headers": {"t": "1"}}))
-        seen.append(api.wrap_engine_add_request(add, None, (), {"trace_headers": None}))
+        seen.append(add(trace_headers={"t": "1"}))
+        seen.append(add(trace_headers=None))
         return seen, untouched
 
     seen, untouched = contextvars.Context().run(run)  # nothing set before

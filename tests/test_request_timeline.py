@@ -125,7 +125,24 @@ def test_a_usual_payload_and_record_hold_no_object_the_garbage_collector_tracks(
     assert got is not None
     assert not gc.is_tracked(got.schedule) and not gc.is_tracked(got.compile)
     rec = RequestRecord("r", "r", 1.0)
-    assert not gc.is_tracked(rec.late_preemptions)
+    assert not gc.is_tracked(rec) and not gc.is_tracked(rec.late_preemptions)
+    # vLLM's usual first output: QUEUED and SCHEDULED; the record keeps two floats of them
+    from vllm.v1.engine import EngineCoreEvent, EngineCoreEventType, EngineCoreOutput
+
+    def events(*kinds_at):
+        return [EngineCoreEvent(EngineCoreEventType[kind], at) for kind, at in kinds_at]
+
+    rec.on_first(EngineCoreOutput("r", [7], events=events(("QUEUED", 1.1), ("SCHEDULED", 1.2))),
+                 1.5, 1.6)
+    assert (rec.queued, rec.scheduled, rec.schedule) == (1.1, 1.2, None)
+    assert rec.schedule_events() == [(SCHEDULED, 1.2)]
+    # a preemption before the first token: then a list, in engine order (late ones are events)
+    other = RequestRecord("p", "p", 1.0)
+    other.on_first(EngineCoreOutput("p", [7], events=events(
+        ("QUEUED", 1.1), ("SCHEDULED", 1.2), ("PREEMPTED", 1.3), ("SCHEDULED", 1.4))), 1.5, 1.6)
+    other.on_output(EngineCoreOutput("p", [8], events=events(("PREEMPTED", 1.7))), 1.8)
+    assert other.schedule_events() == [(SCHEDULED, 1.2), (PREEMPTED, 1.3), (SCHEDULED, 1.4)]
+    assert other.scheduled is None and other.late_preemptions == [1.7]
 
 
 @pytest.mark.parametrize("value", [

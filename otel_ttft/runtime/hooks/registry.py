@@ -8,7 +8,7 @@ One failure rule for every hook, sync, async, async-generator or split (:func:`g
 own exceptions pass through unchanged; the hook's first own exception is logged once, recorded as
 ``ttft.hook.error`` on the current span, and the hook is bypassed on every later call, hot paths
 included. Hooks also stand aside while instrumentation is suppressed
-(``opentelemetry.instrumentation.utils.suppress_instrumentation``), all but the per-step ones
+(``opentelemetry.instrumentation.utils.suppress_instrumentation``), all but the request-path ones
 (:class:`Split`), which run inside vLLM's engine and output loops, never inside an exporter.
 """
 
@@ -38,9 +38,10 @@ class Hook:
     """One wrapped vLLM call site.
 
     ``wrapper`` is a wrapt-style ``(call, instance, args, kwargs)`` function, ``async def`` for
-    coroutine targets, a :class:`Stream` subclass for async-generator targets, or a
-    :class:`Split` for calls made once per engine step; ``call`` runs vLLM's function (once). The
-    registry applies the one failure rule to each kind alike.
+    coroutine targets, a :class:`Stream` subclass for async-generator targets, a :class:`Split`
+    for calls on the request path it only looks at, or a :class:`Swap` for one it hands other
+    arguments; ``call`` runs vLLM's function (once). The registry applies the one failure rule
+    to each kind alike.
     """
 
     name: str  # stable id, used by OTEL_TTFT_DISABLED_HOOKS and doctor
@@ -156,16 +157,46 @@ PASS = object()
 
 @dataclass(frozen=True)
 class Split:
-    """A hook on a call vLLM makes once per engine step or more (``process_outputs``,
-    ``Scheduler.schedule``): ``before(instance, args, kwargs)`` runs ahead of vLLM's call and
-    returns what ``after(token, instance, args, kwargs, result)`` needs, or :data:`PASS`
-    when there is nothing more to do (the common case); either may be ``None``. The guard then
-    calls vLLM's function itself: no call object, no extra frame, no suppression check. Measured
-    in vLLM's API server at concurrency 1 (a step per streamed token), the general guard's
-    frames cost more than the hook's own work."""
+    """A hook that sees a call on vLLM's request path without changing it: one vLLM makes once
+    per engine step or more (``process_outputs``, ``Scheduler.schedule``) or once per request
+    (``OutputProcessor.add_request``). ``before(instance, args, kwargs)`` runs ahead of vLLM's
+    call and returns what ``after(token, instance, args, kwargs, result)`` needs, or
+    :data:`PASS` when there is nothing more to do (the common case); either may be ``None``. The
+    guard then calls vLLM's function itself: no call object, no extra frame, no suppression
+    check (these calls run in vLLM's engine and output loops, never inside an exporter).
+    Measured in vLLM's API server at concurrency 1 (a step per streamed token), the general
+    guard's frames cost more than the hook's own work; per request, with the caches cold there,
+    each of its frames costs a few microseconds."""
 
     before: Callable[[Any, tuple, dict], Any] | None = None
     after: Callable[[Any, Any, tuple, dict, Any], None] | None = None
+
+
+@dataclass(frozen=True)
+class Swap:
+    """A hook that hands vLLM's call other arguments, with the request path's lean guard (as
+    :class:`Split`): ``prepare(instance, args, kwargs)`` returns the ``(args, kwargs)`` vLLM's
+    function is then called with, or ``None`` for the call as it came; it must not change the
+    ones it was given. If it fails, the call goes on as it came."""
+
+    prepare: Callable[[Any, tuple, dict], tuple[tuple, dict] | None]
+
+
+def _guard_swap(hook: Hook) -> WrapperFn:
+    prepare = hook.wrapper.prepare
+
+    def guarded(wrapped, instance, args, kwargs):
+        if not hook.failed:
+            try:
+                swapped = prepare(instance, args, kwargs)
+            except Exception as exc:
+                report_failure(hook, exc)
+            else:
+                if swapped is not None:
+                    args, kwargs = swapped
+        return wrapped(*args, **kwargs)
+
+    return guarded
 
 
 def _guard_split(hook: Hook) -> WrapperFn:
@@ -345,6 +376,8 @@ def guard(hook: Hook) -> WrapperFn:
     """The wrapt wrapper that applies the failure rule (and suppression) to ``hook``."""
     if isinstance(hook.wrapper, Split):
         return _guard_split(hook)
+    if isinstance(hook.wrapper, Swap):
+        return _guard_swap(hook)
     if isinstance(hook.wrapper, type) and issubclass(hook.wrapper, Stream):
         return _guard_stream(hook)
     if inspect.iscoroutinefunction(hook.wrapper):

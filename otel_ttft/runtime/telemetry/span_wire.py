@@ -8,16 +8,16 @@ flags, trace state, parent (and whether it is remote), kind, times, attributes, 
 status, resource, instrumentation scope and the dropped counts of attributes, events and links.
 
 A span made finished (``telemetry.finished``) can be encoded as it ends, on its way into the batch
-processor's queue: a ``WireSpan`` (``finished_span``) is one bytes object where a ``ReadableSpan``
-is a dozen objects that wait for the export, seconds later, in the garbage collector's view of the
-busy API server; the batch embeds it as it is.
+processor's queue: a ``WireSpan`` (``finished_span``) is one untracked object around its bytes
+where a ``ReadableSpan`` is a dozen objects that wait for the export, seconds later, in the
+garbage collector's view of the busy API server; the batch embeds it as it is.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 from opentelemetry import trace
@@ -39,12 +39,16 @@ def _attrs(attributes: Any) -> dict[str, Any]:
     return dict(attributes) if attributes else {}
 
 
-class WireSpan(bytes):
-    """A sampled span already encoded: its origin (``origin``) in two bytes, then its fields.
-    What a batch processor reads of a span before its export is ``context.trace_flags``."""
+class WireSpan(msgspec.Struct, gc=False):
+    """A sampled span already encoded (``data``): its origin (``origin``) in two bytes, then its
+    fields. What a batch processor reads of a span before its export is ``context.trace_flags``.
+    Not tracked by the garbage collector (it holds bytes alone): it waits in the batch queue for
+    up to an export interval, and every tracked object that outlives a young collection brings
+    the next one closer (a subclass of ``bytes`` is tracked)."""
 
-    __slots__ = ()
-    context = trace.SpanContext(1, 1, False, trace.TraceFlags(trace.TraceFlags.SAMPLED))
+    data: bytes
+    context: ClassVar[trace.SpanContext] = trace.SpanContext(
+        1, 1, False, trace.TraceFlags(trace.TraceFlags.SAMPLED))
 
 
 # (resource, scope) pairs of this process's pre-encoded spans; a span names its pair by index
@@ -110,8 +114,8 @@ def encode(spans: Sequence[Any]) -> bytes:
     rows = []
     for span in spans:
         if type(span) is WireSpan:
-            res, scope = _origins[_ORIGIN.unpack_from(span)[0]]
-            fields: Any = msgspec.Raw(memoryview(span)[_ORIGIN.size:])
+            res, scope = _origins[_ORIGIN.unpack_from(span.data)[0]]
+            fields: Any = msgspec.Raw(memoryview(span.data)[_ORIGIN.size:])
         else:
             res, scope = span.resource, span.instrumentation_scope
             fields = _fields(span.name, span.context, span.parent, span.kind, span.start_time,

@@ -87,33 +87,34 @@ class CaptureText(Stream):
 
 # --- AsyncLLM.add_request: the caller's trace headers ---------------------------------------------
 
-def wrap_engine_add_request(call: Callable[..., Any], instance: Any, args: tuple,
-                            kwargs: dict) -> Any:
+def before_engine_add_request(instance: Any, args: tuple, kwargs: dict) -> Any:
     """Notes the caller's ``trace_headers`` before vLLM drops them (it keeps them only for its
-    own tracing): a plain function, so no extra coroutine. ``generate`` awaits this in the task
+    own tracing), ahead of the call: no extra coroutine. ``generate`` awaits the call in the task
     that then runs ``OutputProcessor.add_request``, where the record reads them."""
     headers = kwargs.get("trace_headers", args[6] if len(args) > 6 else None)
     if headers or CALLER_HEADERS.get() is not None:  # an untraced request sets nothing
         CALLER_HEADERS.set(headers)
-    return call(*args, **kwargs)
+    return PASS
+
+
+wrap_engine_add_request = Split(before_engine_add_request)
 
 
 # --- OutputProcessor.add_request -----------------------------------------------------------------
 
-def wrap_add_request(call: Callable[..., Any], instance: Any, args: tuple,
-                     kwargs: dict) -> Any:
-    """Once per request. The record starts at vLLM's own arrival time. ``AsyncLLM.generate``
-    calls this in its own task (the HTTP response's): the current context holds the server span,
-    if any, and ``FLUSH`` the response that streams the request."""
-    result = call(*args, **kwargs)
+def after_add_request(token: Any, instance: Any, args: tuple, kwargs: dict,
+                      result: Any) -> None:
+    """Once per request, after vLLM's call. The record starts at vLLM's own arrival time.
+    ``AsyncLLM.generate`` calls this in its own task (the HTTP response's): the current context
+    holds the server span, if any, and ``FLUSH`` the response that streams the request."""
     request = args[0] if args else kwargs["request"]
     rid = request.request_id
     if rid in live:  # a streaming-input continuation: vLLM may end the request here
         if rid not in instance.request_states:
             end([live[rid]], time.monotonic())
-        return result
+        return
     if not state.telemetry_on():
-        return result  # no provider to report to
+        return  # no provider to report to
     rec = RequestRecord(rid, request.external_req_id or rid,
                         request.arrival_time + time.monotonic() - time.time(),
                         otel_context.get_current())
@@ -141,7 +142,9 @@ def wrap_add_request(call: Callable[..., Any], instance: Any, args: tuple,
         restore(instance, "process_outputs")  # its first outputs are looked at every step
     if getattr(params, "stop", None) and not ends_in_finish_hook():
         stoppable.add(rid)  # its detokenizer may end it (``after_process_outputs``)
-    return result
+
+
+wrap_add_request = Split(after=after_add_request)
 
 
 # --- the first two outputs of one request, on its own LogprobsProcessor --------------------------
@@ -263,12 +266,11 @@ def ends_in_finish_hook() -> bool:
     return working(FINISH_HOOK_NAME)
 
 
-def wrap_finished(call: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-    """vLLM calls this once per request its outputs ended (a final output, or a stop string its
-    detokenizer found), after freeing it: the request ends here, whether or not our per-step
-    hook still looks at its outputs. With vLLM's tracing on, ``do_tracing`` follows and ends it
-    (``wrap_do_tracing``), carrying vLLM's attributes."""
-    result = call(*args, **kwargs)
+def after_finished(token: Any, instance: Any, args: tuple, kwargs: dict, result: Any) -> None:
+    """vLLM calls ``_update_stats_from_finished`` once per request its outputs ended (a final
+    output, or a stop string its detokenizer found), after freeing it: the request ends here,
+    whether or not our per-step hook still looks at its outputs. With vLLM's tracing on,
+    ``do_tracing`` follows and ends it (``wrap_do_tracing``), carrying vLLM's attributes."""
     if live and not instance.tracing_enabled:
         req_state = args[0] if args else kwargs["req_state"]
         rec = live.get(req_state.request_id)
@@ -276,7 +278,9 @@ def wrap_finished(call: Callable[..., Any], instance: Any, args: tuple, kwargs: 
             reason = args[1] if len(args) > 1 else kwargs.get("finish_reason")
             rec.finish = rec.finish or (str(reason) if reason is not None else None)
             end([rec], time.monotonic())
-    return result
+
+
+wrap_finished = Split(after=after_finished)
 
 
 def end(records: list[RequestRecord], now: float) -> None:

@@ -193,8 +193,9 @@ def emit_request(rec: RequestRecord, now: float) -> None:
     rec.read_payload()
     eng = rec.engine
     queued = rec.queued if rec.queued is not None or eng is None else eng.queued
-    schedule = rec.schedule or (eng.schedule if eng is not None else [])
-    if rec.first_tok is not None and not rec.schedule:
+    own = rec.schedule_events()
+    schedule = own or (eng.schedule if eng is not None else [])
+    if rec.first_tok is not None and not own:
         for kind, ts in schedule:
             if kind == PREEMPTED and ts >= rec.first_tok:
                 rec.late_preemptions = [*rec.late_preemptions, ts]

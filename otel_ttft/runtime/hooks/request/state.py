@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+import msgspec
 from opentelemetry import context as otel_context
 
 from otel_ttft.runtime import config
@@ -47,9 +48,15 @@ class FlushBox:
     """When the server finished writing that chunk."""
 
 
-@dataclass(slots=True, eq=False)
-class RequestRecord:
-    """One engine request, from ``OutputProcessor.add_request`` until its span is emitted."""
+class RequestRecord(msgspec.Struct, gc=False, eq=False):
+    """One engine request, from ``OutputProcessor.add_request`` until its span is emitted.
+
+    Not tracked by the garbage collector: a record outlives its request by the emission delay,
+    and every tracked object that outlives a young collection brings the busy API server's next
+    one closer. The one reference cycle through it (vLLM's request state -> its logprobs
+    processor -> our ``FirstOutputs`` -> the record -> the request state) is broken by
+    ``unwatch`` at the second token or the end, as ``forget`` does for every record that leaves
+    ``live``."""
 
     rid: str
     """vLLM's internal request id."""
@@ -91,9 +98,13 @@ class RequestRecord:
     """The request's ``trace_headers`` (parent of offline requests)."""
     queued: float | None = None
     """vLLM's QUEUED event time (EngineCore received it)."""
+    scheduled: float | None = None
+    """vLLM's SCHEDULED event time while it is the only scheduling event (``schedule_events``):
+    a float, where a list would be one more object the garbage collector tracks for as long as
+    the request waits to be emitted."""
     schedule: list[tuple[str, float]] | None = None
-    """(``SCHEDULED``|``PREEMPTED``, time) before the first token, from vLLM's events (a list
-    only once there is one)."""
+    """(``SCHEDULED``|``PREEMPTED``, time) before the first token once there are more than one
+    (a preemption, a second admission); read through ``schedule_events``."""
     first_tok: float | None = None
     """EngineCore's timestamp of the step that produced the first token."""
     second_tok: float | None = None
@@ -193,6 +204,12 @@ class RequestRecord:
             value, self.payload_due = self.payload_due, None
             self.engine = payload.decode(value)
 
+    def schedule_events(self) -> list[tuple[str, float]]:
+        """(``SCHEDULED``|``PREEMPTED``, time) before the first token, from vLLM's events."""
+        if self.schedule is not None:
+            return self.schedule
+        return [] if self.scheduled is None else [(SCHEDULED, self.scheduled)]
+
     def on_events(self, events: Any) -> None:
         queued, scheduled, preempted = _event_types()
         for ev in events:
@@ -201,12 +218,17 @@ class RequestRecord:
                 if self.queued is None:
                     self.queued = ev.timestamp
             elif kind == scheduled:
-                self.schedule = [*(self.schedule or ()), (SCHEDULED, ev.timestamp)]
+                if self.scheduled is None and self.schedule is None:  # the usual case
+                    self.scheduled = ev.timestamp
+                else:
+                    self.schedule = [*self.schedule_events(), (SCHEDULED, ev.timestamp)]
+                    self.scheduled = None
             elif kind == preempted:
                 if self.first_tok is not None and ev.timestamp >= self.first_tok:
                     self.late_preemptions = [*self.late_preemptions, ev.timestamp]
                 else:
-                    self.schedule = [*(self.schedule or ()), (PREEMPTED, ev.timestamp)]
+                    self.schedule = [*self.schedule_events(), (PREEMPTED, ev.timestamp)]
+                    self.scheduled = None
 
 
 live: dict[str, RequestRecord] = {}
