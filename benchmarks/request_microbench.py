@@ -66,7 +66,7 @@ from otel_ttft.runtime import config
 from otel_ttft.runtime.hooks import request, rpc
 from otel_ttft.runtime.hooks.registry import HookSet
 from otel_ttft.runtime.hooks.request import api as request_api
-from otel_ttft.runtime.hooks.request import state
+from otel_ttft.runtime.hooks.request import flush
 from otel_ttft.runtime.instrumentor import disabled_hooks
 from otel_ttft.runtime.telemetry import span_wire
 from otel_ttft.tools.tiny_model import ensure_tiny_model
@@ -353,9 +353,9 @@ class _Front:
         await send({"type": "http.response.start", "status": 200, "headers": []})
         for i in range(self.n_outputs):
             if i == 1:  # the first output reached the API process: its chunk is timed
-                box = state.FLUSH.get()
+                box = flush.FLUSH.get()
                 if box is not None:
-                    box.armed = True
+                    box.arm()
             await send({"type": "http.response.body", "body": b"data: {}\n\n",
                         "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})

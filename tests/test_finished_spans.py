@@ -22,7 +22,7 @@ from otel_ttft import semconv
 from otel_ttft.runtime import config
 from otel_ttft.runtime.hooks.request import spans as request_spans
 from otel_ttft.runtime.hooks.request.payload import EnginePayload
-from otel_ttft.runtime.hooks.request.state import FlushBox, RequestRecord
+from otel_ttft.runtime.hooks.request.state import RequestRecord
 from otel_ttft.runtime.hooks.request.timeline import PREEMPTED, SCHEDULED
 from otel_ttft.runtime.telemetry import finished, offload, sdk_internals, span_wire
 from otel_ttft.runtime.telemetry.inflight import InflightTracker
@@ -34,7 +34,7 @@ TRACE_ID, PARENT_ID = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
 def _record() -> RequestRecord:
     rec = RequestRecord("req-1", "cmpl-1", arrival=100.0)
     rec.trace_headers, rec.streaming = {"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"}, True
-    rec.flush = FlushBox(armed=True, first=100.031)
+    rec.flushed = 100.031  # the first chunk written to the client
     rec.model, rec.prompt_len, rec.out_tokens, rec.finish = "tiny", 12, 4, "length"
     rec.queued = 100.004
     rec.schedule = [(SCHEDULED, 100.010), (PREEMPTED, 100.012), (SCHEDULED, 100.015)]

@@ -23,14 +23,15 @@ def test_the_first_chunk_after_the_first_output_is_timed_and_later_ones_pass_str
         return timed_call(self, message)
 
     monkeypatch.setattr(flush._TimedSend, "__call__", counted)
-    boxes: list[state.FlushBox] = []
+    boxes: list[flush.ResponseSend] = []
     sent: list[tuple[bytes | None, float]] = []
 
     async def body():
         yield b"role"  # written before any output: not the first token's chunk
-        box = state.FLUSH.get()
+        box = flush.FLUSH.get()
         boxes.append(box)
-        box.armed = True  # what the request's first output does (``RequestRecord.on_first``)
+        assert box.first is None
+        box.arm()  # what the request's first output does (``RequestRecord.on_first``)
         yield b"first"
         yield b"second"
         yield b"third"
@@ -55,8 +56,32 @@ def test_the_first_chunk_after_the_first_output_is_timed_and_later_ones_pass_str
     (box,) = boxes
     written = dict(sent)
     assert written[b"first"] <= box.first < written[b"second"]  # once the server wrote it
-    # Ours looked at the start, the role chunk and the first token's; vLLM's send took the rest.
-    assert looks == ["http.response.start", b"role", b"first"]
+    # Ours looked at the first token's chunk alone; vLLM's send took the rest, the start and the
+    # chunk written before the first output included.
+    assert looks == [b"first"]
+    assert type(box) is flush.ResponseSend  # plain again after it
+
+
+def test_an_armed_send_passes_anything_but_a_body_chunk_on_and_stays_armed():
+    """A message other than a body chunk after the first output (none in starlette today) is
+    not the first token's chunk."""
+    seen = []
+
+    async def send(message):
+        seen.append(message["type"])
+
+    async def run():
+        timed = flush.ResponseSend(send)
+        timed.first = None
+        timed.arm()
+        await timed({"type": "http.response.trailers"})
+        assert timed.first is None and type(timed) is not flush.ResponseSend
+        await timed({"type": "http.response.body", "body": b"x"})
+        return timed
+
+    timed = asyncio.run(run())
+    assert seen == ["http.response.trailers", "http.response.body"]
+    assert timed.first is not None and type(timed) is flush.ResponseSend
 
 
 def test_the_callers_trace_headers_are_noted_only_when_there_are_some():

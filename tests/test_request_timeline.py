@@ -10,7 +10,7 @@ from otel_ttft.runtime import clock
 from otel_ttft.runtime.hooks.request import payload
 from otel_ttft.runtime.hooks.request import spans as request_spans
 from otel_ttft.runtime.hooks.request.payload import EnginePayload
-from otel_ttft.runtime.hooks.request.state import FlushBox, RequestRecord
+from otel_ttft.runtime.hooks.request.state import RequestRecord
 from otel_ttft.runtime.hooks.request.timeline import (
     PREEMPTED,
     SCHEDULED,
@@ -163,7 +163,7 @@ def test_engine_payload_garbage_reads_as_none(value):
 def _record(headers):
     rec = RequestRecord("req-1", "cmpl-1", arrival=100.0)
     rec.trace_headers, rec.streaming = headers, True
-    rec.flush = FlushBox(armed=True, first=100.031)  # the first chunk written to the client
+    rec.flushed = 100.031  # the first chunk written to the client
     rec.model, rec.prompt_len, rec.out_tokens = "tiny", 12, 4
     rec.queued = 100.004
     rec.schedule = [(SCHEDULED, 100.010)]

@@ -31,6 +31,24 @@ except ImportError:  # pragma: no cover - another SDK version: ``Histogram.recor
     _hash_attributes = _ExplicitBuckets = None  # type: ignore[assignment,misc]
 
 
+# --- context: the current context without its accessor's frames ---------------------------------
+
+def current_context_getter() -> Callable[[], Any]:
+    """``opentelemetry.context.get_current`` as one C call: the ``get`` of the default runtime
+    context's ``ContextVar`` (``_RUNTIME_CONTEXT._current_context``), which is all it does, in
+    two Python frames that run once per request on the API server's hot path. The public
+    function itself where the runtime context is another one (``OTEL_PYTHON_CONTEXT``)."""
+    from opentelemetry import context
+    from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
+
+    runtime = getattr(context, "_RUNTIME_CONTEXT", None)
+    var = getattr(runtime, "_current_context", None)
+    if type(runtime) is ContextVarsRuntimeContext and callable(getattr(var, "get", None)) \
+            and var.get() is context.get_current():
+        return var.get
+    return context.get_current
+
+
 # --- tracing: the provider's processors and the batch processor's exporter and queue -------------
 def span_processors(provider: Any) -> tuple[Any, ...] | None:
     """The span processors of an SDK ``TracerProvider`` (``_active_span_processor``).
@@ -602,6 +620,9 @@ _REQUIRED: tuple[tuple[str, Callable[[Probe], Any]], ...] = (
     ("MeterProvider._metric_readers (or _sdk_config.metric_readers)",
      lambda p: len(metric_readers(p.meter_provider) or ()) == 2),
     ("PeriodicExportingMetricReader._exporter", lambda p: reader_exporter(p.periodic_reader)),
+    ("opentelemetry.context._RUNTIME_CONTEXT._current_context (a ContextVarsRuntimeContext)",
+     lambda p: current_context_getter() is not __import__(
+         "opentelemetry.context", fromlist=["x"]).get_current),
     ("TracerProvider.id_generator is a RandomIdGenerator by default",
      lambda p: isinstance(getattr(p.tracer_provider, "id_generator", None), RandomIdGenerator)),
     ("sdk._configuration._OTelSDKConfigurator", lambda p: callable(sdk_configurator())),

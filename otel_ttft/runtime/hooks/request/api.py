@@ -8,8 +8,6 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
-from opentelemetry import context as otel_context
-
 from otel_ttft.runtime import config
 from otel_ttft.runtime.context import process as this_process
 from otel_ttft.runtime.hooks.registry import (
@@ -25,9 +23,9 @@ from otel_ttft.runtime.hooks.registry import (
 from otel_ttft.runtime.hooks.request import attributes as request_attributes
 from otel_ttft.runtime.hooks.request import cold, state
 from otel_ttft.runtime.hooks.request import spans as request_spans
+from otel_ttft.runtime.hooks.request.flush import FLUSH
 from otel_ttft.runtime.hooks.request.state import (
     CALLER_HEADERS,
-    FLUSH,
     TEXTS,
     RequestRecord,
     forget,
@@ -38,7 +36,7 @@ from otel_ttft.runtime.hooks.request.state import (
     settling,
     stoppable,
 )
-from otel_ttft.runtime.telemetry import bounded_export
+from otel_ttft.runtime.telemetry import bounded_export, sdk_internals
 from otel_ttft.semconv import PROCESS_API_SERVER as API_SERVER
 
 
@@ -48,6 +46,10 @@ def _output_kinds() -> tuple[Any, Any]:
     from vllm.sampling_params import RequestOutputKind as K
 
     return K.DELTA, K.FINAL_ONLY
+
+
+_current_context = sdk_internals.current_context_getter()
+"""``opentelemetry.context.get_current``, without its two Python frames."""
 
 
 # --- AsyncLLM.generate: content capture only ------------------------------------------------------
@@ -117,7 +119,7 @@ def after_add_request(token: Any, instance: Any, args: tuple, kwargs: dict,
         return  # no provider to report to
     rec = RequestRecord(rid, request.external_req_id or rid,
                         request.arrival_time + time.monotonic() - time.time(),
-                        otel_context.get_current())
+                        _current_context())
     params = rec.params = request.sampling_params
     rec.lora = request.lora_request
     rec.trace_headers = request.trace_headers or CALLER_HEADERS.get()
@@ -194,11 +196,18 @@ def _watch(rec: RequestRecord, instance: Any, req_state: Any) -> bool:
         return False
     processor = getattr(req_state, "logprobs_processor", None)
     stats = getattr(req_state, "stats", None)
-    if processor is None or stats is None or not hasattr(processor, "__dict__") \
-            or "update_from_output" in vars(processor) \
-            or not hasattr(stats, "last_token_ts"):
+    if processor is None or stats is None or not hasattr(stats, "last_token_ts"):
         return False
-    processor.update_from_output = FirstOutputs(rec, stats, processor.update_from_output)
+    # vLLM's own method, not something already shadowing it. Neither test reads the instance's
+    # ``__dict__``: reading it makes a dict of the attributes the interpreter keeps inline, one
+    # more object the garbage collector tracks for the request's whole life.
+    call = processor.update_from_output
+    if getattr(call, "__func__", None) is not getattr(type(processor), "update_from_output", 0):
+        return False
+    try:
+        processor.update_from_output = FirstOutputs(rec, stats, call)
+    except AttributeError:  # no instance attributes (``__slots__``)
+        return False
     rec.watch = processor
     return True
 
@@ -291,8 +300,14 @@ def end(records: list[RequestRecord], now: float) -> None:
     for rec in records:
         forget(rec.rid)
         rec.done = now
-        rec.out_tokens = output_tokens(rec.state) or rec.out_tokens
-        rec.preemptions = preemptions(rec.state)
+        req_state = rec.state
+        stats = getattr(req_state, "stats", None)
+        if stats is not None:  # vLLM keeps stats (the API server's default): its counts
+            rec.out_tokens = stats.num_generation_tokens or rec.out_tokens
+            rec.preemptions = stats.num_preemptions
+        else:
+            rec.out_tokens = output_tokens(req_state) or rec.out_tokens
+            rec.preemptions = preemptions(req_state)
         rec.state = None  # vLLM's request state (its detokenizer) is not kept while it waits
         if rec.queue is None:  # nobody takes its outputs from a queue: emitted at once
             request_spans.emit_request(rec, now)

@@ -3,54 +3,66 @@
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import time
 from typing import Any
 
 from otel_ttft.runtime.hooks.registry import Swap
-from otel_ttft.runtime.hooks.request.state import FLUSH, FlushBox
 
 
-class _Send(functools.partial):
+class ResponseSend(functools.partial):
     """starlette's ASGI ``send`` of one streaming response (``func``), called from C: a
-    ``partial`` adds no Python frame to a chunk."""
+    ``partial`` adds no Python frame to a chunk. It is also the request's box (``FLUSH``,
+    ``RequestRecord.flush``): ``first`` is when the server finished writing the chunk after the
+    request's first output (``None`` until then). ``arm`` times the next body chunk: the object
+    becomes a ``_TimedSend`` for that one chunk and a plain ``ResponseSend`` again after it (a
+    Python ``__call__`` per chunk cost the server about 1 us a chunk with its caches cold, and
+    one before the first output, for the response's start, cost one frame a request)."""
 
-    __slots__ = ("box",)
+    __slots__ = ("first",)
+
+    def arm(self) -> None:
+        """The request's first output reached the API process: its chunk is next."""
+        self.__class__ = _TimedSend
 
 
-class _TimedSend(_Send):
-    """The same ``send`` until the first body chunk after the request's first output: that one
-    is awaited here and timestamped once the server has written it, and the object becomes a
-    plain ``_Send`` for every later chunk (a Python ``__call__`` per chunk cost the server about
-    1 us a chunk with its caches cold)."""
+class _TimedSend(ResponseSend):
+    """The armed ``send``: the first body chunk is awaited here and timestamped once the server
+    has written it."""
 
     __slots__ = ()
 
     def __call__(self, message: Any) -> Any:
-        if self.box.armed and message.get("type") == "http.response.body":
-            first = self._first(message)
-            self.__class__ = _Send
-            return first
-        return self.func(message)
+        if message.get("type") != "http.response.body":
+            return self.func(message)
+        first = self._first(message)
+        self.__class__ = ResponseSend
+        return first
 
     async def _first(self, message: Any) -> None:
         await self.func(message)
-        self.box.first = time.monotonic()
+        self.first = time.monotonic()
+
+
+FLUSH: contextvars.ContextVar[ResponseSend | None] = contextvars.ContextVar("otel_ttft_flush",
+                                                                           default=None)
+"""The ``send`` of the streaming HTTP response this task writes, if any (read by
+``add_request``, which runs in the response's task)."""
 
 
 def timed_send(instance: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """starlette's own ``stream_response`` is called with our ``send`` (no wrapper around the
     coroutine: an ``async`` one would sit, three coroutine frames deep, around every response
     for its whole life, and measured end to end that cost the API process about 1.6 ms of CPU
-    per streamed request, more than all our other hooks together). The box goes into the
-    context of the task that runs the response (starlette gives it a task of its own), where
-    ``generate`` finds it."""
-    timed = _TimedSend(args[0] if args else kwargs["send"])
-    timed.box = box = FlushBox()
-    FLUSH.set(box)
+    per streamed request, more than all our other hooks together). The ``send`` goes into the
+    context of the task that runs the response, where ``generate`` finds it."""
+    send = ResponseSend(args[0] if args else kwargs["send"])
+    send.first = None
+    FLUSH.set(send)
     if args:
-        return (timed, *args[1:]), kwargs
-    return args, {**kwargs, "send": timed}
+        return (send, *args[1:]), kwargs
+    return args, {**kwargs, "send": send}
 
 
 wrap_stream_response = Swap(timed_send)

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import contextvars
-from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -38,16 +37,6 @@ def telemetry_on() -> bool:
 _telemetry = False
 
 
-@dataclass(slots=True, eq=False)
-class FlushBox:
-    """When the first body chunk after our first output left for the client."""
-
-    armed: bool = False
-    """Set once the API process received the request's first output."""
-    first: float | None = None
-    """When the server finished writing that chunk."""
-
-
 class RequestRecord(msgspec.Struct, gc=False, eq=False):
     """One engine request, from ``OutputProcessor.add_request`` until its span is emitted.
 
@@ -74,9 +63,10 @@ class RequestRecord(msgspec.Struct, gc=False, eq=False):
     """Its ``generate`` call took the final output (and ``queue`` was let go)."""
     streaming: bool = False
     """Outputs stream to the client (TTFT ends at the first chunk written, not at the last)."""
-    flush: FlushBox | None = None
-    """The HTTP response streaming this request, if any (let go once the request ends, its first
-    chunk written: ``flushed``)."""
+    flush: Any = None
+    """The ``send`` of the HTTP response streaming this request, if any (``flush.ResponseSend``:
+    ``arm()`` at the first output, then ``first``, when that output's chunk was written); let go
+    once the request ends, its first chunk written (``flushed``)."""
     flushed: float | None = None
     """When the chunk with its first token left, once ``flush`` is let go."""
     texts: dict[int, str] | None = None
@@ -155,7 +145,7 @@ class RequestRecord(msgspec.Struct, gc=False, eq=False):
     def on_first(self, eco: Any, ts: float, now: float) -> None:
         self.recv = now
         if self.flush is not None:  # the next body chunk of its response carries this output
-            self.flush.armed = True
+            self.flush.arm()
         error = getattr(eco, "error", None)  # vLLM >= 0.33: rejected on arrival, nothing ran
         if error is not None:
             self.rejected = f"{getattr(error, 'code', 'error')}: {getattr(error, 'message', '')}"
@@ -192,7 +182,10 @@ class RequestRecord(msgspec.Struct, gc=False, eq=False):
         vLLM's request state -> its processor -> ours -> this record -> vLLM's request state)."""
         processor, self.watch = self.watch, None
         if processor is not None:
-            vars(processor).pop("update_from_output", None)
+            try:  # noqa: SIM105 - once per request: no context manager
+                del processor.update_from_output  # not through ``vars()``: see ``api._watch``
+            except AttributeError:
+                pass
 
     def first_flush(self) -> float | None:
         """When the chunk with its first token left the server, if known."""
@@ -279,7 +272,3 @@ them (vLLM drops them when its own tracing is off; they name the caller's trace)
 TEXTS: contextvars.ContextVar[dict[int, str] | None] = contextvars.ContextVar(
     "otel_ttft_texts", default=None)
 """Content capture only: the texts of the ``generate`` call whose first step is running."""
-FLUSH: contextvars.ContextVar[FlushBox | None] = contextvars.ContextVar("otel_ttft_flush",
-                                                                       default=None)
-"""The streaming HTTP response this task writes, if any (read by ``add_request``, which runs in
-the response's task)."""
