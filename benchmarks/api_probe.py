@@ -190,10 +190,11 @@ _originals: dict = {}
 
 def _free_functions(on: bool) -> None:
     """Our code that runs outside any wrapper, metered too (API process only)."""
-    from otel_ttft.runtime.hooks.request import api, flush
+    from otel_ttft.runtime.hooks.request import api, flush, settle
 
     # ``FirstOutputs`` includes vLLM's ``update_from_output`` it calls (three attribute tests).
-    targets = {(api, "_settle"): "request.settle", (flush._TimedSend, "__call__"): "request.send",
+    targets = {(settle, "_settle"): "request.settle",
+               (flush._TimedSend, "__call__"): "request.send",
                (api.FirstOutputs, "__call__"): "request.first_outputs"}
     for spec in filter(None, os.environ.get("BENCH_PROBE_METER_FUNCS", "").split(",")):
         module, _, qualname = spec.partition(":")  # inclusive time only: not in the total

@@ -35,7 +35,7 @@ and the worker's matrix work sweeps the shared cache, so our code runs cold ther
 real server (``request_overhead.py --meter``), the same frames cost several times their
 back-to-back figure (``--caches warm``); a TTFT sample into the SDK's histogram, 1 us back to
 back, took about 20 us. Finished requests are emitted in one batch per run, as the server's
-event loop does once a second (``api.EMIT_DELAY_S``).
+event loop does once a second (``settle.EMIT_DELAY_S``).
 
 Usage: python benchmarks/request_microbench.py [--requests 128] [--tokens 16,256] [--rounds 9]
        [--in-flight N] [--traced] [--caches cold|warm]
@@ -67,6 +67,7 @@ from otel_ttft.runtime.hooks import request, rpc
 from otel_ttft.runtime.hooks.registry import HookSet
 from otel_ttft.runtime.hooks.request import api as request_api
 from otel_ttft.runtime.hooks.request import flush
+from otel_ttft.runtime.hooks.request import settle as request_settle
 from otel_ttft.runtime.instrumentor import disabled_hooks
 from otel_ttft.runtime.telemetry import span_wire
 from otel_ttft.tools.tiny_model import ensure_tiny_model
@@ -312,13 +313,13 @@ def run_batch(fresh, n_requests: int, n_tokens: int, seed: int) -> Timing:
         while waiting and len(scheduler.requests) < limit:  # a closed loop: one ends, one comes
             admit(waiting.pop())
     # Finished requests are emitted in a batch, as the server's event loop does a second after
-    # the first of them ended (``api.EMIT_DELAY_S``); any record still open is closed as a
+    # the first of them ended (``settle.EMIT_DELAY_S``); any record still open is closed as a
     # disconnect would.
     t0 = _clock()
-    if request_api.settling:
-        request_api._settle(give_up=True)
+    if request_settle.settling:
+        request_settle._settle(give_up=True)
     for rec in list(request_api.live.values()):
-        request_api.request_spans.emit_request(rec, time.monotonic())
+        request_settle.request_spans.emit_request(rec, time.monotonic())
     request_api.live.clear()
     timing.close_s = _clock() - t0
     timing.api_s += timing.close_s
@@ -562,7 +563,7 @@ def main() -> None:
     TRACED, IN_FLIGHT = args.traced, args.in_flight
     evict = _Evictor() if args.caches == "cold" else None
     # No event loop here: finished requests wait in ``settling`` for the batch at the run's end.
-    request_api._settle_later = lambda delay: None
+    request_settle._settle_later = lambda delay: None
 
     provider = install_providers()
     fresh = build(str(ensure_tiny_model()), args.requests)

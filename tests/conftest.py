@@ -155,15 +155,15 @@ def api_telemetry(telemetry: Callable[..., tuple]) -> Iterator[tuple]:
     exporter, reader, _ = telemetry()
     # Emitted right after the event loop's next turn, not in a batch a second on (tested apart):
     # the tests read what a request emitted as soon as it ended.
-    delay, request.api.EMIT_DELAY_S = request.api.EMIT_DELAY_S, 0.0
+    delay, request.settle.EMIT_DELAY_S = request.settle.EMIT_DELAY_S, 0.0
     hook_set = HookSet([h for h in request.HOOKS if h.process == "api_server"])
     hook_set.apply()
     yield exporter, reader
     hook_set.remove()
-    request.api.EMIT_DELAY_S = delay
+    request.settle.EMIT_DELAY_S = delay
     request.state.live.clear()
     request.state.settling.clear()
-    request.api._untaken.clear()
+    request.settle._untaken.clear()
     request.state.fresh.clear()
     request.state.stoppable.clear()
 

@@ -131,15 +131,15 @@ def test_finished_requests_are_emitted_in_one_batch_each_span_ending_when_its_re
     same code run back to back): finished requests wait ``EMIT_DELAY_S`` and go out together,
     each span still ending when its request ended, not when it was emitted."""
     exporter, _ = api_telemetry
-    monkeypatch.setattr(request.api, "EMIT_DELAY_S", 0.3)
+    monkeypatch.setattr(request.settle, "EMIT_DELAY_S", 0.3)
     looks: list[list[str]] = []
-    settle = request.api._settle
+    settle = request.settle._settle
 
     def look(*args):
         looks.append(sorted(request.state.settling))
         settle(*args)
 
-    monkeypatch.setattr(request.api, "_settle", look)
+    monkeypatch.setattr(request.settle, "_settle", look)
     ended: dict[str, int] = {}
 
     def spans():
@@ -170,7 +170,7 @@ def test_finished_requests_are_emitted_in_one_batch_each_span_ending_when_its_re
 def test_caller_that_stops_reading_is_emitted_as_finished_after_the_give_up(engine, api_telemetry,
                                                                              monkeypatch):
     exporter, _ = api_telemetry
-    monkeypatch.setattr(request.api, "_SETTLE_GIVE_UP_S", 0.1)
+    monkeypatch.setattr(request.settle, "_SETTLE_GIVE_UP_S", 0.1)
 
     async def scenario():
         agen = await _first_output(engine, "cmpl-idle-1", max_tokens=2)
@@ -201,8 +201,8 @@ def test_request_still_settling_at_exit_is_emitted_before_the_final_flush(engine
         engine.step("cmpl-exit-1", 22, finish=True)
         assert "cmpl-exit-1" in request.state.settling  # nobody took the final output yet
         assert not request_spans()
-        assert request.api._settle_at_exit in bounded_export._before_flush
-        request.api._settle_at_exit()  # what the exit path runs before the final flush
+        assert request.settle._settle_at_exit in bounded_export._before_flush
+        request.settle._settle_at_exit()  # what the exit path runs before the final flush
         assert not request.state.settling
         assert len(request_spans()) == 1
         await agen.aclose()  # leaving afterwards adds nothing
@@ -272,9 +272,11 @@ def test_a_finished_request_waiting_to_be_emitted_keeps_nothing_vllm_let_go(engi
                                                                            monkeypatch):
     """Every object a waiting record keeps alive counts towards the API server's next garbage
     collection: once its caller took the final output (seen when the next requests end), its
-    queue is let go, and its sampling parameters are kept as the values its span may carry."""
+    queue is let go, and its sampling parameters are kept as the values its span may carry.
+    The waiting records are looked at once ``_UNTAKEN_LOOK`` of them wait (here: one)."""
     exporter, _ = api_telemetry
-    monkeypatch.setattr(request.api, "EMIT_DELAY_S", 60.0)  # both wait: they are looked at
+    monkeypatch.setattr(request.settle, "EMIT_DELAY_S", 60.0)  # both wait: they are looked at
+    monkeypatch.setattr(request.settle, "_UNTAKEN_LOOK", 1)
 
     async def scenario():
         first = await _first_output(engine, "cmpl-keep-1", max_tokens=2)
@@ -288,7 +290,7 @@ def test_a_finished_request_waiting_to_be_emitted_keeps_nothing_vllm_let_go(engi
         assert rec.queue is None and rec.taken
         assert request.state.settling["cmpl-keep-2"].queue is not None
         assert [out async for out in second][-1].finished
-        request.api._settle()
+        request.settle._settle()
         assert not request.state.settling
 
     asyncio.run(scenario())

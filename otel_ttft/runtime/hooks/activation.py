@@ -41,12 +41,13 @@ class Activation:
 _lock = threading.Lock()
 _root: trace.Span | None = None
 _frontend_span: trace.Span | None = None  # app build -> HTTP server listening
-_last: Activation | None = None
+latest: Activation | None = None
+"""The latest activation of this process (start, wake-up); read once per request (``cold``)."""
 _process_start_done = False
 
 
 def last_activation() -> Activation | None:
-    return _last
+    return latest
 
 
 def _note_model(vllm_config: Any) -> None:
@@ -84,7 +85,7 @@ def _pid() -> int:
 
 def ensure_root() -> trace.Span | None:
     """The API process's activation root, opened at first need with its start at exec time."""
-    global _root, _last
+    global _root, latest
     if _root is not None:
         return _root
     if not config.tracing_ready():
@@ -103,7 +104,7 @@ def ensure_root() -> trace.Span | None:
         if this_process.served_model:
             root.set_attribute(semconv.GEN_AI_REQUEST_MODEL, this_process.served_model)
         _root = root
-        _last = Activation("start", root.get_span_context(), start_ns)
+        latest = Activation("start", root.get_span_context(), start_ns)
     emit_process_start(API_SERVER, trace.set_span_in_context(root))
     return _root
 
@@ -126,8 +127,8 @@ def end_root(error: BaseException | None = None) -> None:
         root.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
         mark_failed_stage(root)
     else:
-        if _last is not None:
-            _last.ready_ns = end
+        if latest is not None:
+            latest.ready_ns = end
     root.end(end_time=end)
 
 
@@ -278,8 +279,8 @@ def _wrap_busy_loop(call, instance, args, kwargs):
 
 @contextlib.contextmanager
 def _wake_activation(process_kind: str) -> Iterator[trace.Span]:
-    """The wake activation's root, current while the wake-up runs; ``_last`` when it ends."""
-    global _last
+    """The wake activation's root, current while the wake-up runs; ``latest`` when it ends."""
+    global latest
     start = clock.now_ns()
     root = spans.tracer().start_span(semconv.SPAN_ACTIVATION, context=otel_context.Context(),
                                      start_time=start)
@@ -299,7 +300,7 @@ def _wake_activation(process_kind: str) -> Iterator[trace.Span]:
         if error is not None:
             root.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
             mark_failed_stage(root)
-        _last = Activation("wake", root.get_span_context(), start, end)
+        latest = Activation("wake", root.get_span_context(), start, end)
         root.end(end_time=end)
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from functools import cache
 from typing import Any
+
+import msgspec
 
 from otel_ttft.runtime import config
 from otel_ttft.runtime.context import process as this_process
@@ -15,28 +16,24 @@ from otel_ttft.runtime.hooks.registry import (
     Hook,
     Split,
     Stream,
+    applied,
     bypass,
     report_failure,
     restore,
     working,
 )
-from otel_ttft.runtime.hooks.request import attributes as request_attributes
-from otel_ttft.runtime.hooks.request import cold, state
-from otel_ttft.runtime.hooks.request import spans as request_spans
+from otel_ttft.runtime.hooks.request import cold, settle, state
 from otel_ttft.runtime.hooks.request.flush import FLUSH
+from otel_ttft.runtime.hooks.request.settle import end
 from otel_ttft.runtime.hooks.request.state import (
     CALLER_HEADERS,
     TEXTS,
     RequestRecord,
-    forget,
     fresh,
     live,
-    output_tokens,
-    preemptions,
-    settling,
     stoppable,
 )
-from otel_ttft.runtime.telemetry import bounded_export, sdk_internals
+from otel_ttft.runtime.telemetry import sdk_internals
 from otel_ttft.semconv import PROCESS_API_SERVER as API_SERVER
 
 
@@ -115,7 +112,7 @@ def after_add_request(token: Any, instance: Any, args: tuple, kwargs: dict,
         if rid not in instance.request_states:
             end([live[rid]], time.monotonic())
         return
-    if not state.telemetry_on():
+    if not (state.telemetry_seen or state.telemetry_on()):
         return  # no provider to report to
     rec = RequestRecord(rid, request.external_req_id or rid,
                         request.arrival_time + time.monotonic() - time.time(),
@@ -151,7 +148,7 @@ wrap_add_request = Split(after=after_add_request)
 
 # --- the first two outputs of one request, on its own LogprobsProcessor --------------------------
 
-class FirstOutputs:
+class FirstOutputs(msgspec.Struct, eq=False):
     """vLLM's ``LogprobsProcessor.update_from_output`` of one request until its second token:
     set on that request's own processor (an instance attribute shadows the class's method), so
     vLLM's ``process_outputs`` runs a frame of ours for that request's outputs only, and no frame
@@ -160,17 +157,18 @@ class FirstOutputs:
     running sequences), and measured end to end at concurrency 16 that look cost the API server
     1.6 % of its CPU (paired, emission stubbed out). vLLM calls this after its stats took the
     step's engine timestamp (``last_token_ts``) and before the output reaches the caller's queue
-    (the response's next chunk carries it: ``flush``)."""
+    (the response's next chunk carries it: ``flush``). A ``msgspec.Struct``: made in C, without
+    an ``__init__`` frame; each frame of ours costs the busy server a few microseconds."""
 
-    __slots__ = ("rec", "stats", "call")
-
-    def __init__(self, rec: RequestRecord, stats: Any, call: Callable[[Any], Any]):
-        self.rec, self.stats, self.call = rec, stats, call
+    rec: RequestRecord
+    stats: Any
+    call: Callable[[Any], Any]
 
     def __call__(self, eco: Any) -> Any:
         rec = self.rec
         try:
-            if not working(OUTPUTS_HOOK.name):  # uninstrumented, or failed elsewhere
+            hook = applied.get(OUTPUTS_HOOK_NAME)  # ``registry.working``, without its frame
+            if hook is None or hook.failed:  # uninstrumented, or failed elsewhere
                 rec.unwatch()
             else:
                 now = time.monotonic()
@@ -191,9 +189,12 @@ def _watch(rec: RequestRecord, instance: Any, req_state: Any) -> bool:
     """Whether the request's first outputs are seen on its own ``LogprobsProcessor``: where
     vLLM keeps stats (the step's engine timestamp), the request has a logprobs processor (not a
     pooling one) and requests end in ``wrap_finished``. Otherwise the per-step look does it."""
-    if req_state is None or not getattr(instance, "log_stats", False) \
-            or not working(OUTPUTS_HOOK.name) or not ends_in_finish_hook():
+    if req_state is None or not getattr(instance, "log_stats", False):
         return False
+    for name in (OUTPUTS_HOOK_NAME, FINISH_HOOK_NAME):  # both working (``registry.working``)
+        hook = applied.get(name)
+        if hook is None or hook.failed:
+            return False
     processor = getattr(req_state, "logprobs_processor", None)
     stats = getattr(req_state, "stats", None)
     if processor is None or stats is None or not hasattr(stats, "last_token_ts"):
@@ -258,7 +259,8 @@ def after_process_outputs(ending: list[RequestRecord] | None, instance: Any, arg
         for rid in stopped:
             rec = live.get(rid)
             if rec is not None:
-                rec.finish = rec.finish or "stop"
+                if rec.finish is None:
+                    rec.finish = "stop"
                 ending = [*(ending or ()), rec]
         # vLLM freed them (a streaming-input request may take its next chunk instead); its own
         # tracing, if on, ran already: its attributes are ours to carry.
@@ -284,140 +286,22 @@ def after_finished(token: Any, instance: Any, args: tuple, kwargs: dict, result:
         req_state = args[0] if args else kwargs["req_state"]
         rec = live.get(req_state.request_id)
         if rec is not None:
-            reason = args[1] if len(args) > 1 else kwargs.get("finish_reason")
-            rec.finish = rec.finish or (str(reason) if reason is not None else None)
+            if rec.finish is None:  # vLLM's ``FinishReason``: its ``str`` when the span is built
+                rec.finish = args[1] if len(args) > 1 else kwargs.get("finish_reason")
             end([rec], time.monotonic())
 
 
 wrap_finished = Split(after=after_finished)
 
 
-def end(records: list[RequestRecord], now: float) -> None:
-    """Requests vLLM's ``OutputProcessor`` let go: emitted now, or once their ``generate`` call
-    took the final output (``settling``), in a batch ``EMIT_DELAY_S`` on."""
-    if _untaken:
-        _let_go_of_taken_queues()
-    for rec in records:
-        forget(rec.rid)
-        rec.done = now
-        req_state = rec.state
-        stats = getattr(req_state, "stats", None)
-        if stats is not None:  # vLLM keeps stats (the API server's default): its counts
-            rec.out_tokens = stats.num_generation_tokens or rec.out_tokens
-            rec.preemptions = stats.num_preemptions
-        else:
-            rec.out_tokens = output_tokens(req_state) or rec.out_tokens
-            rec.preemptions = preemptions(req_state)
-        rec.state = None  # vLLM's request state (its detokenizer) is not kept while it waits
-        if rec.queue is None:  # nobody takes its outputs from a queue: emitted at once
-            request_spans.emit_request(rec, now)
-        else:
-            # Nothing it waits with keeps alive what would die now: every such object outlives
-            # a young collection and brings the API server's next one closer (measured: with
-            # the record keeping them, 8 times the young collections per request at c4).
-            rec.params = request_attributes.param_values(rec.params)
-            flush = rec.flush
-            if flush is not None and flush.first is not None:
-                rec.flushed, rec.flush = flush.first, None
-            settling[rec.rid] = rec
-            _untaken.append(rec)
-    if settling:
-        _settle_later(EMIT_DELAY_S)
-
-
-EMIT_DELAY_S = 1.0
-"""Finished requests are emitted in batches, this long after the first of a batch ended. One
-request's emission touches some thirty functions of ours and the SDK's; in a busy API server
-each runs with its caches cold (vLLM, the HTTP stack and the event loop ran in between, and the
-worker's matrix work on the next core sweeps the shared cache), about twenty times slower than
-the same code run back to back: measured in the server, emitting requests one by one cost more
-than all our per-step work. In a batch, the second request on runs warm. A second is far
-inside any export interval (spans leave in batches every 5 s, metrics every 60 s)."""
-_EMIT_BATCH = 256  # requests emitted per event-loop callback: the loop is not held for long
-_SETTLE_RETRY_S = 0.05  # a caller still busy (writing the previous chunk) takes it later
-_SETTLE_GIVE_UP_S = 10.0  # then it is emitted as finished (a caller that stopped reading)
-_settle_scheduled: dict[float, Any] = {}  # delay -> the event loop a look is scheduled on
-_untaken: list[RequestRecord] = []
-"""Records of ``settling`` whose final output was not yet seen taken: looked at when the next
-requests end, and once taken their queue (vLLM's collector, its event and the event's deque) is
-let go instead of living on to the emission."""
-
-
-def _let_go_of_taken_queues() -> None:
-    waiting = []
-    for rec in _untaken:
-        if settling.get(rec.rid) is not rec:  # emitted or aborted meanwhile
-            continue
-        if rec.queue.output is None:
-            rec.taken, rec.queue = True, None
-        else:
-            waiting.append(rec)
-    _untaken[:] = waiting
-
-
-def _settle_later(delay: float) -> None:
-    """One look at ``settling`` on this event loop, ``delay`` seconds on (0: right after the
-    callbacks queued so far)."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:  # an output queue outside an event loop: nothing will take it later
-        _settle(give_up=True)
-        return
-    if _settle_scheduled.get(delay) is loop:
-        return
-    _settle_scheduled[delay] = loop
-    if delay:
-        loop.call_later(delay, _settle, False, delay)
-    else:
-        loop.call_soon(_settle, False, delay)
-
-
-def _settle(give_up: bool = False, delay: float | None = None) -> None:
-    """Emits the finished requests whose final output their ``generate`` call took, as they
-    ended (``done``). A caller that leaves first is seen by ``wrap_abort_requests`` (vLLM
-    aborts on the way out); one that never takes it is emitted at ``_SETTLE_GIVE_UP_S``."""
-    _settle_scheduled.pop(delay, None)
-    now = time.monotonic()
-    more = False
-    try:
-        emitted = 0
-        for rid, rec in list(settling.items()):
-            if emitted == _EMIT_BATCH and not give_up:
-                more = True  # the rest right after the callbacks queued meanwhile
-                break
-            taken = rec.taken or rec.queue.output is None
-            if taken or give_up or now - rec.done > _SETTLE_GIVE_UP_S:
-                del settling[rid]
-                request_spans.emit_request(rec, rec.done if taken else now)
-                emitted += 1
-    except Exception as exc:  # noqa: BLE001 - ours, outside any wrapper: the hooks' failure rule
-        settling.clear()
-        _untaken.clear()
-        report_failure(OUTPUTS_HOOK, exc)
-        return
-    if more:
-        _settle_later(0.0)
-    elif settling:
-        _settle_later(_SETTLE_RETRY_S)
-    else:
-        _untaken.clear()
-
-
-def _settle_at_exit() -> None:
-    """At exit, before the final flush: requests still waiting to be emitted are emitted."""
-    if settling:
-        _settle(give_up=True)
-
-
-bounded_export.before_flush(_settle_at_exit)
-
-
-# Defined beside their wrappers: ``_settle`` runs outside any wrapper and reports its failures
-# here, and the per-step hook relies on the finish hook while that one is applied.
-OUTPUTS_HOOK = Hook("request.outputs",
+# Defined beside their wrappers: the batched emission (``settle``) runs outside any wrapper and
+# reports its failures here, and the per-step hook relies on the finish hook while applied.
+OUTPUTS_HOOK_NAME = "request.outputs"
+OUTPUTS_HOOK = Hook(OUTPUTS_HOOK_NAME,
                     "vllm.v1.engine.output_processor:OutputProcessor.process_outputs",
                     wrap_process_outputs, process=API_SERVER)
 FINISH_HOOK_NAME = "request.finish"
 FINISH_HOOK = Hook(FINISH_HOOK_NAME,
                    "vllm.v1.engine.output_processor:OutputProcessor._update_stats_from_finished",
                    wrap_finished, process=API_SERVER)
+settle.failures = OUTPUTS_HOOK

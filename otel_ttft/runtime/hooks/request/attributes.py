@@ -29,7 +29,9 @@ _PARAMS = (
 )
 
 
-_param_getter = attrgetter(*(name for name, _, _ in _PARAMS))
+PARAM_GETTER = attrgetter(*(name for name, _, _ in _PARAMS))
+"""``param_values`` of vLLM's own ``SamplingParams``, one C call (raises ``AttributeError`` on
+anything else: then ``param_values``)."""
 
 
 def param_values(params: Any) -> tuple[Any, ...] | None:
@@ -40,7 +42,7 @@ def param_values(params: Any) -> tuple[Any, ...] | None:
     if params is None or isinstance(params, tuple):
         return params
     try:
-        return _param_getter(params)
+        return PARAM_GETTER(params)
     except AttributeError:  # not vLLM's (a stand-in, another version)
         return tuple(getattr(params, name, None) for name, _, _ in _PARAMS)
 
@@ -107,8 +109,8 @@ def _attributes(rec: RequestRecord, eng: EnginePayload | None, ttft: float | Non
             if value is not None and isinstance(value, (int, float)) and value != -1 \
                     and value != unset:
                 attrs[key] = value
-    if rec.finish:
-        attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = [rec.finish]
+    if rec.finish is not None:  # vLLM's ``FinishReason.STOP`` is 0: falsy
+        attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = [str(rec.finish)]
     if ttft is not None:
         attrs[semconv.ATTR_REQUEST_TTFT] = ttft
     if rec.queue is not None or rec.taken:  # served through a ``generate`` call

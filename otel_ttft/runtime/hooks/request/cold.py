@@ -15,7 +15,7 @@ _count = 0
 def note_activation(rec: Any) -> None:
     """Sets ``rec.activation``, ``rec.cold_index`` and ``rec.cold`` from the latest activation."""
     global _key, _count
-    act = activation.last_activation()
+    act = activation.latest  # read, not called: once per request, in the busy step
     if act is None:
         return
     key = (act.kind, act.start_ns)

@@ -10,7 +10,8 @@ from typing import Any
 
 from otel_ttft import semconv
 from otel_ttft.runtime.hooks.request import spans as request_spans
-from otel_ttft.runtime.hooks.request.api import end, ends_in_finish_hook
+from otel_ttft.runtime.hooks.request.api import ends_in_finish_hook
+from otel_ttft.runtime.hooks.request.settle import end
 from otel_ttft.runtime.hooks.request.state import (
     forget,
     live,
@@ -88,7 +89,8 @@ def wrap_do_tracing(call: Callable[..., Any], instance: Any, args: tuple,
     if req_state.n:
         rec.vllm[V.GEN_AI_REQUEST_N] = req_state.n
     if ends_in_finish_hook() and req_state.request_id not in instance.request_states:
-        rec.finish = rec.finish or _finish_reason(args, kwargs)
+        if rec.finish is None:
+            rec.finish = _finish_reason(args, kwargs)
         end([rec], time.monotonic())
     return None
 

@@ -16,7 +16,7 @@ class ResponseSend(functools.partial):
     ``partial`` adds no Python frame to a chunk. It is also the request's box (``FLUSH``,
     ``RequestRecord.flush``): ``first`` is when the server finished writing the chunk after the
     request's first output (``None`` until then). ``arm`` times the next body chunk: the object
-    becomes a ``_TimedSend`` for that one chunk and a plain ``ResponseSend`` again after it (a
+    becomes an ``ARMED`` send for that one chunk and a plain ``ResponseSend`` again after it (a
     Python ``__call__`` per chunk cost the server about 1 us a chunk with its caches cold, and
     one before the first output, for the response's start, cost one frame a request)."""
 
@@ -24,25 +24,25 @@ class ResponseSend(functools.partial):
 
     def arm(self) -> None:
         """The request's first output reached the API process: its chunk is next."""
-        self.__class__ = _TimedSend
+        self.__class__ = ARMED
 
 
 class _TimedSend(ResponseSend):
-    """The armed ``send``: the first body chunk is awaited here and timestamped once the server
-    has written it."""
+    """The armed ``send``: the next message is awaited here (one coroutine, no other frame) and,
+    if it is the first body chunk, timestamped once the server has written it."""
 
     __slots__ = ()
 
-    def __call__(self, message: Any) -> Any:
-        if message.get("type") != "http.response.body":
-            return self.func(message)
-        first = self._first(message)
-        self.__class__ = ResponseSend
-        return first
-
-    async def _first(self, message: Any) -> None:
+    async def __call__(self, message: Any) -> None:
         await self.func(message)
-        self.first = time.monotonic()
+        if message.get("type") == "http.response.body":
+            self.first = time.monotonic()
+            self.__class__ = ResponseSend
+
+
+ARMED = _TimedSend
+"""The class an armed ``ResponseSend`` takes (``arm``; the record's first output sets it
+directly, a frame less per request)."""
 
 
 FLUSH: contextvars.ContextVar[ResponseSend | None] = contextvars.ContextVar("otel_ttft_flush",

@@ -13,6 +13,7 @@ from opentelemetry import context as otel_context
 
 from otel_ttft.runtime import config
 from otel_ttft.runtime.hooks.request import payload
+from otel_ttft.runtime.hooks.request.flush import ARMED
 from otel_ttft.runtime.hooks.request.payload import EnginePayload
 from otel_ttft.runtime.hooks.request.timeline import PREEMPTED, SCHEDULED
 from otel_ttft.semconv import ENGINE_PAYLOAD_HEADER as PAYLOAD_HEADER
@@ -28,13 +29,15 @@ def _event_types() -> tuple[int, int, int]:
 
 def telemetry_on() -> bool:
     """Whether a tracer or meter provider exists yet: without one, tracking would be waste."""
-    global _telemetry
-    if not _telemetry:
-        _telemetry = config.tracing_ready() or config.metrics_ready()
-    return _telemetry
+    global telemetry_seen
+    if not telemetry_seen:
+        telemetry_seen = config.tracing_ready() or config.metrics_ready()
+    return telemetry_seen
 
 
-_telemetry = False
+telemetry_seen = False
+"""A provider was seen (``telemetry_on``): once true, the per-request hooks read this flag
+instead of calling (a frame less per request, with the API server's caches cold)."""
 
 
 class RequestRecord(msgspec.Struct, gc=False, eq=False):
@@ -114,8 +117,9 @@ class RequestRecord(msgspec.Struct, gc=False, eq=False):
     garbage collector tracks brings its next collection closer."""
     preemptions: int | None = None
     """vLLM's own count of its preemptions (with its stats logging on), read when it ends."""
-    finish: str | None = None
-    """The engine's finish reason."""
+    finish: Any = None
+    """The engine's finish reason: vLLM's ``FinishReason`` as it came (its ``str`` is the
+    attribute: turned into one when the span is built, not in the busy step), or a ``str``."""
     rejected: str | None = None
     """vLLM's error when the engine rejected it on arrival (``EngineCoreOutput.error``)."""
     aborted: bool = False
@@ -145,7 +149,7 @@ class RequestRecord(msgspec.Struct, gc=False, eq=False):
     def on_first(self, eco: Any, ts: float, now: float) -> None:
         self.recv = now
         if self.flush is not None:  # the next body chunk of its response carries this output
-            self.flush.arm()
+            self.flush.__class__ = ARMED  # ``ResponseSend.arm``, without its frame
         error = getattr(eco, "error", None)  # vLLM >= 0.33: rejected on arrival, nothing ran
         if error is not None:
             self.rejected = f"{getattr(error, 'code', 'error')}: {getattr(error, 'message', '')}"
@@ -163,7 +167,7 @@ class RequestRecord(msgspec.Struct, gc=False, eq=False):
         if stats is not None:
             self.cached = stats.num_cached_tokens
         if eco.finish_reason is not None:
-            self.finish = str(eco.finish_reason)
+            self.finish = eco.finish_reason
 
     def on_output(self, eco: Any, ts: float) -> None:
         """A later output that carries news: the second token, events or the finish."""
@@ -175,7 +179,7 @@ class RequestRecord(msgspec.Struct, gc=False, eq=False):
         if eco.events is not None:
             self.on_events(eco.events)
         if eco.finish_reason is not None:
-            self.finish = str(eco.finish_reason)
+            self.finish = eco.finish_reason
 
     def unwatch(self) -> None:
         """vLLM's own ``update_from_output`` again for this request (and no reference cycle:
