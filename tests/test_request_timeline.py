@@ -145,6 +145,48 @@ def test_a_usual_payload_and_record_hold_no_object_the_garbage_collector_tracks(
     assert other.scheduled is None and other.late_preemptions == [1.7]
 
 
+def test_a_watched_request_takes_its_usual_two_events_from_vllms_stats_at_its_end():
+    """Watched on its own processor (vLLM keeps stats), the first output's usual QUEUED and
+    SCHEDULED are not read in the busy step: vLLM's stats hold the same two times, read once the
+    request ends. More events (a preemption before the first token) are read as they come, and
+    a re-admission after a late preemption changes nothing that tiles."""
+    from types import SimpleNamespace
+
+    from vllm.v1.engine import EngineCoreEvent, EngineCoreEventType, EngineCoreOutput
+    from vllm.v1.metrics.stats import RequestStateStats
+
+    from otel_ttft.runtime.hooks.request import settle, state
+
+    def events(*kinds_at):
+        return [EngineCoreEvent(EngineCoreEventType[kind], at) for kind, at in kinds_at]
+
+    rec = RequestRecord("w", "w", 1.0)
+    rec.watch = object()  # what ``api._watch`` sets: the request's logprobs processor
+    rec.on_first(EngineCoreOutput("w", [7], events=events(("QUEUED", 1.1), ("SCHEDULED", 1.2))),
+                 1.5, 1.6)
+    assert (rec.queued, rec.scheduled, rec.schedule) == (None, None, None)
+    rec.on_output(EngineCoreOutput("w", [8], events=events(("PREEMPTED", 1.7),
+                                                            ("SCHEDULED", 1.75))), 1.8)
+    assert rec.scheduled is None and rec.late_preemptions == [1.7]
+    rec.watch = None  # its second token: ``unwatch``
+    stats = RequestStateStats(num_generation_tokens=2, num_preemptions=1, queued_ts=1.1,
+                              scheduled_ts=1.2, first_token_ts=1.5, last_token_ts=1.8)
+    rec.state, rec.queue = SimpleNamespace(stats=stats), SimpleNamespace(output=object())
+    try:
+        settle.end([rec], 2.0)
+    finally:
+        state.settling.pop("w", None)
+        settle._untaken.clear()
+    assert (rec.queued, rec.scheduled, rec.out_tokens) == (1.1, 1.2, 2)
+    assert rec.schedule_events() == [(SCHEDULED, 1.2)]
+    # a preemption before the first token: read from the output, not from the stats
+    pre = RequestRecord("x", "x", 1.0)
+    pre.watch = object()
+    pre.on_first(EngineCoreOutput("x", [7], events=events(
+        ("QUEUED", 1.1), ("SCHEDULED", 1.2), ("PREEMPTED", 1.3), ("SCHEDULED", 1.4))), 1.5, 1.6)
+    assert pre.schedule_events() == [(SCHEDULED, 1.2), (PREEMPTED, 1.3), (SCHEDULED, 1.4)]
+
+
 @pytest.mark.parametrize("value", [
     "q=1.0;zz=unknown",  # the old hand-encoded string
     "[2,1.0,0,0,0,0,0,[],null,[]]",  # a newer version

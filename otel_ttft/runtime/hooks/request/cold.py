@@ -8,19 +8,18 @@ from typing import Any
 from otel_ttft.runtime import config
 from otel_ttft.runtime.hooks import activation
 
-_key: Any = None  # (kind, start_ns) of the activation being counted
+_counted: Any = None  # the activation being counted (each is a new object)
 _count = 0
 
 
 def note_activation(rec: Any) -> None:
     """Sets ``rec.activation``, ``rec.cold_index`` and ``rec.cold`` from the latest activation."""
-    global _key, _count
+    global _counted, _count
     act = activation.latest  # read, not called: once per request, in the busy step
     if act is None:
         return
-    key = (act.kind, act.start_ns)
-    if key != _key:
-        _key, _count = key, 0
+    if act is not _counted:
+        _counted, _count = act, 0
     _count += 1
     rec.activation = act
     rec.cold_index = _count

@@ -38,8 +38,10 @@ def end(records: list[RequestRecord], now: float) -> None:
         _let_go_of_taken_queues()
     for rec in records:
         rid = rec.rid
-        fresh.pop(rid, None)  # ``state.forget``
-        stoppable.discard(rid)
+        if fresh:  # ``state.forget``; both are empty on the usual path
+            fresh.pop(rid, None)
+        if stoppable:
+            stoppable.discard(rid)
         live.pop(rid, None)
         if rec.watch is not None:
             rec.unwatch()
@@ -49,6 +51,11 @@ def end(records: list[RequestRecord], now: float) -> None:
         if stats is not None:  # vLLM keeps stats (the API server's default): its counts
             rec.out_tokens = stats.num_generation_tokens or rec.out_tokens
             rec.preemptions = stats.num_preemptions
+            if rec.queued is None and rec.schedule is None and rec.scheduled is None:
+                # its usual two events, not read from its first output (``on_first``): vLLM's
+                # stats hold the same two times (0.0: none came)
+                rec.queued = stats.queued_ts or None
+                rec.scheduled = stats.scheduled_ts or None
         else:
             rec.out_tokens = output_tokens(req_state) or rec.out_tokens
             rec.preemptions = preemptions(req_state)

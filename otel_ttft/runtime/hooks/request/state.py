@@ -90,7 +90,8 @@ class RequestRecord(msgspec.Struct, gc=False, eq=False):
     trace_headers: Any = None
     """The request's ``trace_headers`` (parent of offline requests)."""
     queued: float | None = None
-    """vLLM's QUEUED event time (EngineCore received it)."""
+    """vLLM's QUEUED event time (EngineCore received it): from its first output's events, or,
+    watched, from vLLM's stats at its end (``settle.end``: the same event)."""
     scheduled: float | None = None
     """vLLM's SCHEDULED event time while it is the only scheduling event (``schedule_events``):
     a float, where a list would be one more object the garbage collector tracks for as long as
@@ -156,8 +157,12 @@ class RequestRecord(msgspec.Struct, gc=False, eq=False):
         elif eco.new_token_ids or getattr(eco, "pooling_output", None) is not None:
             self.first_tok = ts
         self.out_tokens += len(eco.new_token_ids)
-        if eco.events:
-            self.on_events(eco.events)
+        events = eco.events
+        # Watched, vLLM keeps stats: its usual QUEUED and SCHEDULED are also its stats'
+        # ``queued_ts`` and ``scheduled_ts``, read at the end (``settle.end``). Only more
+        # events (a preemption before the first token) are read here, as unwatched ones are.
+        if events and (len(events) > 2 or self.watch is None):
+            self.on_events(events)
         headers = eco.trace_headers
         if headers and PAYLOAD_HEADER in headers:
             self.payload_due = headers[PAYLOAD_HEADER]
@@ -175,7 +180,8 @@ class RequestRecord(msgspec.Struct, gc=False, eq=False):
         self.out_tokens += n
         if n and self.second_tok is None:
             self.second_tok = ts
-            fresh.pop(self.rid, None)
+            if self.watch is None:  # looked at every step (``fresh``), not on its processor
+                fresh.pop(self.rid, None)
         if eco.events is not None:
             self.on_events(eco.events)
         if eco.finish_reason is not None:
@@ -215,6 +221,8 @@ class RequestRecord(msgspec.Struct, gc=False, eq=False):
                 if self.queued is None:
                     self.queued = ev.timestamp
             elif kind == scheduled:
+                if self.first_tok is not None and ev.timestamp >= self.first_tok:
+                    continue  # a re-admission after a late preemption: it tiles nothing
                 if self.scheduled is None and self.schedule is None:  # the usual case
                     self.scheduled = ev.timestamp
                 else:
