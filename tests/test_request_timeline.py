@@ -179,6 +179,14 @@ def test_a_watched_request_takes_its_usual_two_events_from_vllms_stats_at_its_en
         settle._untaken.clear()
     assert (rec.queued, rec.scheduled, rec.out_tokens) == (1.1, 1.2, 2)
     assert rec.schedule_events() == [(SCHEDULED, 1.2)]
+    # one that ends otherwise (aborted, an engine failure) leaves ``live`` through ``forget``
+    gone = RequestRecord("a", "a", 1.0)
+    gone.watch = object()
+    gone.on_first(EngineCoreOutput("a", [7], events=events(("QUEUED", 1.1), ("SCHEDULED", 1.2))),
+                  1.5, 1.6)
+    gone.watch, gone.state = None, SimpleNamespace(stats=stats)
+    state.live["a"] = gone
+    assert state.forget("a") is gone and (gone.queued, gone.scheduled) == (1.1, 1.2)
     # a preemption before the first token: read from the output, not from the stats
     pre = RequestRecord("x", "x", 1.0)
     pre.watch = object()

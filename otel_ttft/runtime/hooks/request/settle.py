@@ -52,8 +52,7 @@ def end(records: list[RequestRecord], now: float) -> None:
             rec.out_tokens = stats.num_generation_tokens or rec.out_tokens
             rec.preemptions = stats.num_preemptions
             if rec.queued is None and rec.schedule is None and rec.scheduled is None:
-                # its usual two events, not read from its first output (``on_first``): vLLM's
-                # stats hold the same two times (0.0: none came)
+                # ``RequestRecord.events_from_stats``, in line (once per request, in the step)
                 rec.queued = stats.queued_ts or None
                 rec.scheduled = stats.scheduled_ts or None
         else:

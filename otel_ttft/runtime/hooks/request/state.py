@@ -197,6 +197,14 @@ class RequestRecord(msgspec.Struct, gc=False, eq=False):
             except AttributeError:
                 pass
 
+    def events_from_stats(self, stats: Any) -> None:
+        """Its usual QUEUED and SCHEDULED times from vLLM's stats (``RequestStateStats``), where
+        its first output's events were not read (``on_first``, watched): the same two events.
+        ``settle.end`` does the same in line."""
+        if self.queued is None and self.schedule is None and self.scheduled is None:
+            self.queued = stats.queued_ts or None  # 0.0: none came
+            self.scheduled = stats.scheduled_ts or None
+
     def first_flush(self) -> float | None:
         """When the chunk with its first token left the server, if known."""
         return self.flush.first if self.flush is not None else self.flushed
@@ -254,8 +262,12 @@ def forget(rid: str) -> RequestRecord | None:
     fresh.pop(rid, None)
     stoppable.discard(rid)
     rec = live.pop(rid, None)
-    if rec is not None and rec.watch is not None:
-        rec.unwatch()
+    if rec is not None:
+        if rec.watch is not None:
+            rec.unwatch()
+        stats = getattr(rec.state, "stats", None)
+        if stats is not None:  # it ends other than through ``settle.end`` (aborted, failed)
+            rec.events_from_stats(stats)
     return rec
 
 
