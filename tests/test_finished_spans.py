@@ -4,6 +4,8 @@ through the tracer."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -72,7 +74,8 @@ def _emit(telemetry, *extra, **provider_args):
 def _content(span):
     return (span.name, span.kind, span.parent, dict(span.attributes),
             [(e.name, dict(e.attributes), e.timestamp) for e in span.events],
-            list(span.links), span.status.status_code, span.status.description,
+            [(link.context, dict(link.attributes)) for link in span.links],
+            span.status.status_code, span.status.description,
             span.start_time, span.end_time, span.resource, span.instrumentation_scope,
             span.context.trace_id, span.context.trace_flags, span.context.is_remote)
 
@@ -226,3 +229,132 @@ def test_static_decisions_are_the_samplers_own(sampler):
 def test_other_samplers_have_no_static_decisions():
     assert sdk_internals.static_decisions(ParentBased(TraceIdRatioBased(0.5))) is None
     assert sdk_internals.static_decisions(TraceIdRatioBased(0.5)) is None
+
+
+def _warm_record() -> RequestRecord:
+    """A traced request with no reason for children (warm, fast, no failure): its span is
+    shipped; with everything its attributes and events read."""
+    from types import SimpleNamespace
+
+    from otel_ttft.runtime.hooks.activation import Activation
+
+    rec = _record()
+    rec.error = None
+    rec.late_preemptions = [100.05]
+    rec.lora = SimpleNamespace(lora_name="adapter-a", lora_int_id=3)
+    rec.activation = Activation("start", SpanContext(0xFEDCBA9876543210FEDCBA9876543210,
+                                                     0xF678000000000001, False, TraceFlags(1)),
+                                start_ns=1, ready_ns=99_000_000_000)
+    rec.cold_index, rec.preemptions, rec.cached = 40, 2, 8
+    rec.vllm = {"gen_ai.latency.e2e": 0.2, semconv.VLLM_REQUEST_ID: "cmpl-1"}
+    rec.params = (0.7, 0.9, 5, 16, 0.0, 0.0, 42, 1)
+    return rec
+
+
+def _emit_warm(telemetry, *extra, wire: bool = True, **provider_args):
+    """The default policy without a sampled share: a traced warm request's span alone."""
+    exporter, _, _ = telemetry(request_detail=semconv.DETAIL_AUTO, detail_ratio=0.0)
+    target = WireExporter() if wire else exporter
+    provider = TracerProvider(**provider_args)
+    provider.add_span_processor(BatchSpanProcessor(target) if wire
+                                else SimpleSpanProcessor(target))
+    for processor in extra:
+        provider.add_span_processor(processor)
+    config.configure(config.Config(tracer_provider=provider,
+                                   meter_provider=config.current.meter_provider,
+                                   request_detail=semconv.DETAIL_AUTO, detail_ratio=0.0))
+    request_spans.spans.use_tracer_provider(provider)
+    finished.reset()
+    request_spans.emit_request(_warm_record(), now=100.2)
+    provider.force_flush()
+    provider.shutdown()
+    spans = target.get_finished_spans()
+    return ({s.name: s for s in spans},
+            dict(zip((s.name for s in spans), target.kinds, strict=True)) if wire else {})
+
+
+def test_a_span_without_children_is_built_in_the_export_process_as_it_would_be_here(telemetry):
+    shipped, kinds = _emit_warm(telemetry)
+    assert kinds == {semconv.SPAN_REQUEST: span_wire.WireTree}  # its makings, not the span
+    here, _ = _emit_warm(telemetry, wire=False)
+    assert shipped.keys() == here.keys() == {semconv.SPAN_REQUEST}
+    built, made = shipped[semconv.SPAN_REQUEST], here[semconv.SPAN_REQUEST]
+    assert _content(built) == _content(made)
+    assert encode_spans([built]).SerializeToString().replace(
+        built.context.span_id.to_bytes(8, "big"), b"") \
+        == encode_spans([made]).SerializeToString().replace(
+        made.context.span_id.to_bytes(8, "big"), b"")
+    attrs = built.attributes
+    assert attrs[semconv.ATTR_LORA_NAME] == "adapter-a" and attrs[semconv.ATTR_LORA_ID] == 3
+    assert attrs[semconv.ATTR_REQUEST_ACTIVATION_INDEX] == 40
+    assert attrs[semconv.GEN_AI_REQUEST_SEED] == 42 and attrs["gen_ai.latency.e2e"] == 0.2
+    assert [e.attributes[semconv.ATTR_EVENT_BEFORE_FIRST_TOKEN] for e in built.events] \
+        == [True, False]
+    assert [link.context.span_id for link in built.links] == [0xF678000000000001]
+    assert format(built.parent.span_id, "016x") == PARENT_ID and built.parent.is_remote
+
+
+def test_span_limits_apply_to_a_span_built_in_the_export_process(telemetry):
+    limits = SpanLimits(max_span_attributes=5, max_attribute_length=3, max_events=1)
+    shipped, kinds = _emit_warm(telemetry, span_limits=limits)
+    here, _ = _emit_warm(telemetry, wire=False, span_limits=limits)
+    assert kinds == {semconv.SPAN_REQUEST: span_wire.WireTree}
+    built = shipped[semconv.SPAN_REQUEST]
+    assert len(built.attributes) == 5 and built.dropped_attributes > 0 and len(built.events) == 1
+    assert _content(built) == _content(here[semconv.SPAN_REQUEST])
+
+
+def test_a_span_another_processor_reads_or_with_children_is_built_here(telemetry):
+    memory = InMemorySpanExporter()
+    _, kinds = _emit_warm(telemetry, SimpleSpanProcessor(memory))
+    assert kinds == {semconv.SPAN_REQUEST: ReadableSpan}
+    _, kinds = _emit_batched(telemetry)  # every request's children (``all``)
+    assert kinds[semconv.SPAN_REQUEST] is span_wire.WireSpan
+
+
+def test_an_export_in_process_builds_a_shipped_span_here(telemetry):
+    """The export process failed: a span shipped before is built in this process."""
+    shipped, _ = _emit_warm(telemetry)
+    inner = InMemorySpanExporter()
+    exporter = offload.OffloadedSpanExporter(inner)
+    exporter._broken = True
+    span = shipped[semconv.SPAN_REQUEST]
+    origin = span_wire.origin(span.resource, span.instrumentation_scope)
+    facts = request_spans.span_facts(_warm_record(), _warm_record().engine, span.parent,
+                                     span.end_time, 0.031, [], {}, [], None, SpanLimits())
+    exporter.export([span_wire.tree(origin, span.name, span.context, span.kind,
+                                    span.start_time, request_spans.BUILDER, facts)])
+    (back,) = inner.get_finished_spans()
+    assert type(back) is ReadableSpan and back.context == span.context
+    assert back.attributes[semconv.VLLM_REQUEST_ID] == "cmpl-1"
+
+
+@pytest.mark.parametrize("builder, facts", [
+    ("os:system", []),  # not ours: nothing is imported
+    ("otel_ttft.runtime.hooks.request.remote:nothing", []),
+    (request_spans.BUILDER, []),
+    (request_spans.BUILDER, [request_spans.FACTS_VERSION + 1] + [None] * 30),
+    (request_spans.BUILDER, [request_spans.FACTS_VERSION] + ["x"] * 30),
+])
+def test_a_shipped_span_the_export_process_cannot_build_is_refused(builder, facts):
+    batch = span_wire._encode((span_wire.VERSION, [[{}, ""]], [None], [
+        [0, 0, None, ["n", 0, 1, 1, 1, None, 1, 0, builder, facts]]]))
+    with pytest.raises(ValueError):
+        span_wire.decode(batch)
+
+
+def test_a_value_the_wire_does_not_take_keeps_the_span_here(telemetry, monkeypatch):
+    """vLLM's own attributes of a type or size msgpack refuses: built in this process, handed
+    over as the SDK's span, not failed."""
+    odd = _warm_record
+
+    def record():
+        rec = odd()
+        rec.vllm = {"odd": object(), "big": 2**70}
+        return rec
+
+    monkeypatch.setattr(sys.modules[__name__], "_warm_record", record)
+    shipped, kinds = _emit_warm(telemetry)
+    assert kinds == {semconv.SPAN_REQUEST: ReadableSpan}
+    attrs = shipped[semconv.SPAN_REQUEST].attributes
+    assert attrs[semconv.VLLM_REQUEST_ID] == "cmpl-1"

@@ -71,9 +71,13 @@ def test_a_batch_encodes_to_the_same_otlp_bytes_after_the_trip() -> None:
 
 @pytest.mark.parametrize("data", [b"", b"\xc1", b"\x93\x01\x90\x90",
                                   span_wire._encode((1, [], [], [])),  # another version
-                                  span_wire._encode((2, [], [], [("x",)])),
-                                  span_wire._encode((2, [[{}, ""]], [None], [[0, 0, [0] * 18]])),
-                                  span_wire._encode((2, [], [], [[3, 0, [0] * 18]]))])
+                                  span_wire._encode((span_wire.VERSION, [], [], [("x",)])),
+                                  span_wire._encode((span_wire.VERSION, [[{}, ""]], [None],
+                                                     [[0, 0, [0] * 18]])),
+                                  span_wire._encode((span_wire.VERSION, [], [],
+                                                     [[3, 0, [0] * 18]])),
+                                  span_wire._encode((span_wire.VERSION, [[{}, ""]], [None],
+                                                     [[0, 0, None, [0] * 10]]))])
 def test_anything_else_is_refused_as_a_value_error(data: bytes) -> None:
     with pytest.raises(ValueError):
         span_wire.decode(data)
@@ -116,6 +120,42 @@ def test_spans_reach_the_receiver_through_a_child_process(receiver, api_server,
     while time.monotonic() < deadline and _alive(child):
         time.sleep(0.05)
     assert not _alive(child), "the export process outlived the exporter's shutdown"
+
+
+def test_a_request_span_is_built_by_the_child_and_reaches_the_receiver(receiver, api_server,
+                                                                       monkeypatch) -> None:
+    """A traced request without children: the API process ships its makings, the child builds
+    the span (importing our builder) and exports it."""
+    from otel_ttft.runtime.hooks.request import spans as request_spans
+    from otel_ttft.runtime.hooks.request.state import RequestRecord
+    from otel_ttft.runtime.telemetry import finished
+
+    provider, exporter = _pipeline(receiver.http_endpoint + "/v1/traces", monkeypatch)
+    shipped = []
+    real_tree = span_wire.tree
+    monkeypatch.setattr(span_wire, "tree", lambda *a: shipped.append(a) or real_tree(*a))
+    monkeypatch.setattr(config, "current", config.Config(
+        tracer_provider=provider, request_detail=semconv.DETAIL_AUTO, detail_ratio=0.0))
+    request_spans.spans.use_tracer_provider(provider)
+    finished.reset()
+    try:
+        rec = RequestRecord("req-1", "cmpl-shipped", arrival=time.monotonic() - 0.5)
+        rec.trace_headers = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-"
+                                            "b7ad6b7169203331-01"}
+        rec.first_tok = rec.recv = rec.arrival + 0.02
+        rec.model, rec.out_tokens, rec.finish = "tiny", 4, "length"
+        request_spans.emit_request(rec, rec.arrival + 0.1)
+        assert provider.force_flush(10_000)
+        child = exporter.sidecar_pid
+    finally:
+        finished.reset()
+        provider.shutdown()
+    assert len(shipped) == 1 and child is not None and child != os.getpid()
+    (span,) = receiver.wait_for_spans(
+        lambda s: any(x["name"] == semconv.SPAN_REQUEST for x in s), timeout=20)
+    assert span["attributes"][semconv.VLLM_REQUEST_ID] == "cmpl-shipped"
+    assert span["attributes"][semconv.ATTR_REQUEST_TTFT] == pytest.approx(0.02)
+    assert span["attributes"][semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ["length"]
 
 
 def _alive(pid: int) -> bool:

@@ -25,6 +25,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import msgspec
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, TraceFlags
@@ -141,6 +142,22 @@ class FinishedSpan:
     def set_status(self, status: Status) -> None:
         self.status = status
 
+    def ships(self) -> bool:
+        """Whether it goes to the export process alone (``offload``): then it may be built there
+        (``ship``)."""
+        wire = self.wire
+        return wire is not None and wire.exporter.takes_wire_spans
+
+    def ship(self, builder: str, facts: bytes) -> None:
+        """Ends it by handing the export process what it is made of: ``builder``
+        (``module:function``, see ``span_wire.WireTree``) builds it there from ``facts``, with
+        this span's name, ids, kind and start. Only where it ``ships``; nothing else is set."""
+        if self.end_metrics:
+            self.end_metrics()
+        wire = self.wire
+        wire.processor.on_end(span_wire.tree(wire.origin, self.name, self.context, self.kind,
+                                             self.start_time, builder, facts))
+
     def end(self, end_time: int) -> None:
         maker, limits = self.maker, self.maker.limits
         attributes = _plain(self.attributes, limits.max_span_attributes,
@@ -161,10 +178,15 @@ class FinishedSpan:
             self.end_metrics()
         wire = self.wire
         if wire is not None and wire.exporter.takes_wire_spans:
-            wire.processor.on_end(span_wire.finished_span(
-                wire.origin, self.name, self.context, self.parent, self.kind, self.start_time,
-                end_time, attributes, events, links, self.status))
-            return
+            try:
+                encoded = span_wire.finished_span(
+                    wire.origin, self.name, self.context, self.parent, self.kind,
+                    self.start_time, end_time, attributes, events, links, self.status)
+            except (TypeError, ValueError, OverflowError, msgspec.EncodeError):  # the SDK's span
+                encoded = None
+            if encoded is not None:
+                wire.processor.on_end(encoded)
+                return
         maker.processor.on_end(ReadableSpan(
             self.name, self.context, self.parent, maker.resource, attributes, events, links,
             kind=self.kind, instrumentation_info=maker.info, status=self.status,

@@ -15,6 +15,7 @@ garbage collector's view of the busy API server; the batch embeds it as it is.
 
 from __future__ import annotations
 
+import importlib
 import struct
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -27,7 +28,7 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-VERSION = 2
+VERSION = 3
 _MASK64 = (1 << 64) - 1
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder().decode
@@ -49,6 +50,44 @@ class WireSpan(msgspec.Struct, gc=False):
     data: bytes
     context: ClassVar[trace.SpanContext] = trace.SpanContext(
         1, 1, False, trace.TraceFlags(trace.TraceFlags.SAMPLED))
+
+
+class WireTree(msgspec.Struct, gc=False):
+    """A sampled span to be built in the export process (``data``: its origin in two bytes, then
+    its name, ids, kind, start, the builder's ``module:function`` and the builder's facts): the
+    API process only decides its ids and says what it is made of. Untracked, as ``WireSpan``."""
+
+    data: bytes
+    context: ClassVar[trace.SpanContext] = WireSpan.context
+
+
+_WIRE = (WireSpan, WireTree)
+_BUILDER_PREFIX = "otel_ttft."  # builders are ours: a batch names nothing else to import
+_builders: dict[str, Any] = {}
+
+
+def tree(origin_index: int, name: str, ctx: Any, kind: Any, start: int, builder: str,
+         facts: bytes) -> WireTree:
+    """A sampled span that ``builder(facts, name, context, kind, start, resource, scope)``
+    builds in the export process (a list of ``ReadableSpan``; ``ValueError`` for bad facts)."""
+    return WireTree(_ORIGIN.pack(origin_index) + _encode((
+        name, ctx.trace_id >> 64, ctx.trace_id & _MASK64, ctx.span_id, int(ctx.trace_flags),
+        list(ctx.trace_state.items()) if ctx.trace_state else None, kind.value, start, builder,
+        msgspec.Raw(facts))))
+
+
+def _builder(name: str) -> Any:
+    found = _builders.get(name) if type(name) is str else None
+    if found is None:
+        module, _, function = name.partition(":") if type(name) is str else ("", "", "")
+        if not module.startswith(_BUILDER_PREFIX):
+            raise ValueError(f"span builder {name!r}")
+        try:
+            found = getattr(importlib.import_module(module), function)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"span builder {name!r}: {exc}") from exc
+        _builders[name] = found
+    return found
 
 
 # (resource, scope) pairs of this process's pre-encoded spans; a span names its pair by index
@@ -99,9 +138,15 @@ def finished_span(origin_index: int, name: str, ctx: Any, parent: Any, kind: Any
 
 def readable(spans: Sequence[Any]) -> list[ReadableSpan]:
     """The batch with every ``WireSpan`` made a ``ReadableSpan`` again (an export in process)."""
-    if not any(type(span) is WireSpan for span in spans):
+    if not any(type(span) in _WIRE for span in spans):
         return list(spans)
-    return [decode(encode([span]))[0] if type(span) is WireSpan else span for span in spans]
+    out: list[ReadableSpan] = []
+    for span in spans:
+        if type(span) in _WIRE:
+            out += decode(encode([span]))
+        else:
+            out.append(span)
+    return out
 
 
 def encode(spans: Sequence[Any]) -> bytes:
@@ -113,7 +158,7 @@ def encode(spans: Sequence[Any]) -> bytes:
     scope_rows: list[Any] = []
     rows = []
     for span in spans:
-        if type(span) is WireSpan:
+        if type(span) in _WIRE:  # a row of a ``WireTree`` is marked by its four elements
             res, scope = _origins[_ORIGIN.unpack_from(span.data)[0]]
             fields: Any = msgspec.Raw(memoryview(span.data)[_ORIGIN.size:])
         else:
@@ -132,7 +177,7 @@ def encode(spans: Sequence[Any]) -> bytes:
             scope_rows.append(None if scope is None else (
                 scope.name, scope.version, scope.schema_url,
                 _attrs(getattr(scope, "attributes", None))))
-        rows.append((ri, si, fields))
+        rows.append((ri, si, fields) if type(span) is not WireTree else (ri, si, None, fields))
     return _encode((VERSION, resource_rows, scope_rows, rows))
 
 
@@ -172,9 +217,18 @@ def decode(data: bytes) -> list[ReadableSpan]:
         scopes = [None if row is None else InstrumentationScope(row[0], row[1], row[2], row[3])
                   for row in scope_rows]
         spans = []
-        for ri, si, (name, hi, lo, span_id, flags, state, parent, kind, start, end, attrs, events,
-                     links, code, description, dropped_attrs, dropped_events,
-                     dropped_links) in rows:
+        for row in rows:
+            if len(row) == 4:  # a ``WireTree``: its builder makes it here
+                ri, si, _, (name, hi, lo, span_id, flags, state, kind, start, builder,
+                            facts) = row
+                ctx = trace.SpanContext((hi << 64) | lo, span_id, False, trace.TraceFlags(flags),
+                                        trace.TraceState(state) if state else None)
+                spans += _builder(builder)(facts, name, ctx, kind, start, resources[ri],
+                                           scopes[si])
+                continue
+            ri, si, (name, hi, lo, span_id, flags, state, parent, kind, start, end, attrs,
+                     events, links, code, description, dropped_attrs, dropped_events,
+                     dropped_links) = row
             trace_id = (hi << 64) | lo
             trace_state = trace.TraceState(state) if state else None
             ctx = trace.SpanContext(trace_id, span_id, False, trace.TraceFlags(flags),

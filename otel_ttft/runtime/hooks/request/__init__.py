@@ -48,14 +48,14 @@ Worker (``worker``): ``request.adapter_load`` (an adapter loaded inside a step; 
 step are timed by ``warmup.compile``, the one ``monitor_torch_compile`` wrapper) and
 ``request.warmup_ship`` (hands those times to EngineCore with the step's output).
 
-Modules: ``api`` (API-process hooks: the record, its outputs, its end), ``settle`` (a
-request's end and the batched emission), ``ends`` (abort, engine failure, vLLM's own span),
-``flush`` (the first token's chunk on its way out), ``first_use`` (front-end cache fills),
-``engine`` (EngineCore hooks), ``worker`` (adapter/compile/output hooks), ``payload``
-(EngineCore -> API payload), ``state`` (per-request state), ``timeline`` (the tiling rule),
-``detail`` (which requests get a span), ``spans`` (the span tree), ``attributes`` (the request
-span's attributes), ``metrics`` (the TTFT histogram and time per stage), ``histogram`` (TTFT
-samples written into the SDK's own aggregation).
+Modules: ``api`` (API-process hooks: the record, its outputs, its end), ``settle`` (a request's end
+and the batched emission), ``ends`` (abort, engine failure, vLLM's own span), ``flush`` (the first
+token's chunk on its way out), ``first_use`` (front-end cache fills), ``engine`` (EngineCore
+hooks), ``worker`` (adapter/compile/output hooks), ``payload`` (EngineCore -> API payload),
+``state`` (per-request state), ``timeline`` (the tiling rule), ``detail`` (which requests get a
+span), ``spans`` (the span tree), ``remote`` (a request span built in the API server's export
+process), ``attributes`` (the request span's attributes), ``metrics`` (the TTFT histogram and time
+per stage), ``histogram`` (TTFT samples written into the SDK's own aggregation).
 """
 
 from __future__ import annotations

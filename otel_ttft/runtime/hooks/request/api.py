@@ -22,7 +22,9 @@ from otel_ttft.runtime.hooks.registry import (
     restore,
     working,
 )
+from otel_ttft.runtime.hooks.request import attributes as request_attributes
 from otel_ttft.runtime.hooks.request import cold, settle, state
+from otel_ttft.runtime.hooks.request.attributes import PARAM_GETTER
 from otel_ttft.runtime.hooks.request.flush import FLUSH
 from otel_ttft.runtime.hooks.request.settle import end
 from otel_ttft.runtime.hooks.request.state import (
@@ -91,8 +93,11 @@ def before_engine_add_request(instance: Any, args: tuple, kwargs: dict) -> Any:
     own tracing), ahead of the call: no extra coroutine. ``generate`` awaits the call in the task
     that then runs ``OutputProcessor.add_request``, where the record reads them."""
     headers = kwargs.get("trace_headers", args[6] if len(args) > 6 else None)
-    if headers or CALLER_HEADERS.get() is not None:  # an untraced request sets nothing
+    if headers:
+        state.caller_headers_seen = True
         CALLER_HEADERS.set(headers)
+    elif state.caller_headers_seen and CALLER_HEADERS.get() is not None:
+        CALLER_HEADERS.set(None)  # an untraced request after a traced one in this task
     return PASS
 
 
@@ -117,9 +122,14 @@ def after_add_request(token: Any, instance: Any, args: tuple, kwargs: dict,
     rec = RequestRecord(rid, request.external_req_id or rid,
                         request.arrival_time + time.monotonic() - time.time(),
                         _current_context())
-    params = rec.params = request.sampling_params
+    params = request.sampling_params
+    try:  # the values its span may carry, read while vLLM's ``SamplingParams`` is warm
+        rec.params = PARAM_GETTER(params)
+    except AttributeError:  # none (pooling), or not vLLM's
+        rec.params = request_attributes.param_values(params)
     rec.lora = request.lora_request
-    rec.trace_headers = request.trace_headers or CALLER_HEADERS.get()
+    rec.trace_headers = request.trace_headers or (
+        CALLER_HEADERS.get() if state.caller_headers_seen else None)
     req_state = rec.state = instance.request_states.get(rid)
     if req_state is not None:
         rec.prompt_len = req_state.prompt_len
@@ -170,15 +180,24 @@ class FirstOutputs(msgspec.Struct, eq=False):
             hook = applied.get(OUTPUTS_HOOK_NAME)  # ``registry.working``, without its frame
             if hook is None or hook.failed:  # uninstrumented, or failed elsewhere
                 rec.unwatch()
-            else:
+            elif rec.recv is None:
                 now = time.monotonic()
-                ts = self.stats.last_token_ts or now
-                if rec.recv is None:
-                    rec.on_first(eco, ts, now)
-                else:
-                    rec.on_output(eco, ts)
-                if rec.second_tok is not None:
-                    rec.unwatch()
+                rec.on_first(eco, self.stats.last_token_ts or now, now)
+            else:  # ``RequestRecord.on_output`` and ``unwatch`` in line: two frames less
+                n = len(eco.new_token_ids)
+                rec.out_tokens += n
+                if eco.events is not None:
+                    rec.on_events(eco.events)
+                if eco.finish_reason is not None:
+                    rec.finish = eco.finish_reason
+                if n:  # its second token: vLLM's own method from now on
+                    rec.second_tok = self.stats.last_token_ts or time.monotonic()
+                    processor, rec.watch = rec.watch, None
+                    if processor is not None:
+                        try:  # noqa: SIM105 - once per request: no context manager
+                            del processor.update_from_output
+                        except AttributeError:
+                            pass
         except Exception as exc:  # noqa: BLE001 - ours, outside any wrapper: the failure rule
             rec.unwatch()
             report_failure(OUTPUTS_HOOK, exc)

@@ -10,9 +10,7 @@ from asyncio import _get_running_loop
 from typing import Any
 
 from otel_ttft.runtime.hooks.registry import Hook, report_failure
-from otel_ttft.runtime.hooks.request import attributes as request_attributes
 from otel_ttft.runtime.hooks.request import spans as request_spans
-from otel_ttft.runtime.hooks.request.attributes import PARAM_GETTER
 from otel_ttft.runtime.hooks.request.state import (
     RequestRecord,
     fresh,
@@ -64,13 +62,8 @@ def end(records: list[RequestRecord], now: float) -> None:
         else:
             # Nothing it waits with keeps alive what would die now: every such object outlives
             # a young collection and brings the API server's next one closer (measured: with
-            # the record keeping them, 8 times the young collections per request at c4).
-            params = rec.params
-            if params is not None and not isinstance(params, tuple):
-                try:
-                    rec.params = PARAM_GETTER(params)
-                except AttributeError:  # not vLLM's ``SamplingParams``
-                    rec.params = request_attributes.param_values(params)
+            # the record keeping them, 8 times the young collections per request at c4). Its
+            # sampling parameters are already the values its span may carry (``add``).
             flush = rec.flush
             if flush is not None and flush.first is not None:
                 rec.flushed, rec.flush = flush.first, None

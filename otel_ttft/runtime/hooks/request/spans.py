@@ -5,7 +5,8 @@ children are finished before they are made, so where the SDK allows it they are 
 to the request span's processor as ``ReadableSpan`` objects: about 3 us each instead of 13 us
 through ``start_span``. Any other provider gets them through the public API. Whether the
 children are built at all is the request-detail policy's call (``detail``); the request span always
-carries the stage durations.
+carries the stage durations. A request span without children that goes only to the API server's
+export process is built there (``span_facts`` here, ``remote.build`` there).
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from otel_ttft import semconv
-from otel_ttft.runtime import clock, ids
+from otel_ttft.runtime import clock, config, ids
 from otel_ttft.runtime.hooks.request import detail as request_detail
 from otel_ttft.runtime.hooks.request import first_use
 from otel_ttft.runtime.hooks.request import metrics as request_metrics
@@ -145,14 +147,21 @@ def emit_tree(*, parent: SpanContext | None, context: otel_context.Context | Non
     if not span.is_recording():
         span.end(end_time=ns(end))
         return span
-    made = _fill(span, segments, first_decode, warmup, attributes, events, error, detail)
+    return _finish(span, end, segments, first_decode, warmup, attributes, events, error, detail)
+
+
+def _finish(span: Any, end: float, segments: list[Segment],
+            first_decode: tuple[float, float] | None, warmup: list[Warmup],
+            attributes: dict[str, Any], events: list[tuple[str, float, dict[str, Any]]],
+            error: str | None, detail: str | None) -> trace.Span:
+    made = fill(span, segments, first_decode, warmup, attributes, events, error, detail)
     made.end(end_time=ns(end))
     if isinstance(made, finished.FinishedSpan):
         return trace.NonRecordingSpan(made.get_span_context())
     return made
 
 
-def _fill(span: Any, segments: list[Segment], first_decode: tuple[float, float] | None,
+def fill(span: Any, segments: list[Segment], first_decode: tuple[float, float] | None,
           warmup: list[Warmup], attributes: dict[str, Any],
           events: list[tuple[str, float, dict[str, Any]]], error: str | None,
           detail: str | None) -> Any:
@@ -233,15 +242,24 @@ def emit_request(rec: RequestRecord, now: float) -> None:
     # vLLM's own tracing on (``rec.vllm``): the user asked for a span per request; ours is it.
     traced = (caller is not None and caller.trace_flags.sampled) or rec.vllm is not None
     if request_detail.wants_span(detail, traced=traced):
-        segments = ([] if rec.rejected is not None or detail is None  # no children
-                    else tile(rec.arrival, queued, schedule, rec.first_tok, ttft_end, end))
-        span = emit_tree(
-            parent=caller, context=context, kind=kind, start=rec.arrival,
-            end=max(end, ttft_end or end),
-            segments=segments, first_decode=first_decode, warmup=warmup,
-            attributes=span_attributes(rec, eng, ttft, schedule, stages, fills),
-            events=_preemption_events(rec, schedule), links=_links(rec), error=error,
-            detail=detail)
+        span_end = max(end, ttft_end or end)
+        span = finished.start_finished(semconv.SPAN_REQUEST, parent=caller, context=context,
+                                       kind=kind, start_time=ns(rec.arrival),
+                                       links=activation_links(rec))
+        if not span.is_recording():
+            span.end(end_time=ns(span_end))
+        elif (detail is None and not config.current.capture_content
+              and isinstance(span, finished.FinishedSpan) and span.ships()
+              and (facts := span_facts(rec, eng, caller, ns(span_end), ttft, schedule, stages,
+                                       fills, error, span.maker.limits)) is not None):
+            span.ship(BUILDER, facts)  # built in the export process (``remote``)
+            span = trace.NonRecordingSpan(span.get_span_context())
+        else:
+            segments = ([] if rec.rejected is not None or detail is None  # no children
+                        else tile(rec.arrival, queued, schedule, rec.first_tok, ttft_end, end))
+            span = _finish(span, span_end, segments, first_decode, warmup,
+                           span_attributes(rec, eng, ttft, schedule, stages, fills),
+                           preemption_events(rec, schedule), error, detail)
         if span.get_span_context().is_valid:
             ctx = trace.set_span_in_context(span)
     usage = (1.0 - eng.free / eng.total) if eng is not None and eng.total else None
@@ -250,7 +268,46 @@ def emit_request(rec: RequestRecord, now: float) -> None:
                                    context=ctx, operation=operation_name(rec.ext_id))
 
 
-def _preemption_events(rec: RequestRecord, schedule: list[tuple[str, float]]
+BUILDER = "otel_ttft.runtime.hooks.request.remote:build"
+"""What the export process calls to build a shipped request span (``span_wire.WireTree``)."""
+FACTS_VERSION = 1
+_MASK64 = (1 << 64) - 1  # msgpack's integers are 64 bits: a trace id goes in two
+_encode_facts = msgspec.msgpack.Encoder().encode
+
+
+def span_facts(rec: RequestRecord, eng: EnginePayload | None, parent: SpanContext | None,
+               end_ns: int, ttft: float | None, schedule: list[tuple[str, float]],
+               stages: dict[str, float], fills: list[Any], error: str | None,
+               limits: Any) -> bytes | None:
+    """A request span's makings, for ``remote.build`` in the export process: what
+    ``span_attributes``, ``preemption_events`` and ``activation_links`` read of the record and
+    the payload, the parent, the end, the status and the span limits in force, as one flat
+    msgpack array (one C call). ``None`` where a value does not encode (vLLM's own attributes
+    of another type, say): the span is then built here."""
+    act = rec.activation
+    link = getattr(act, "span_context", None) if act is not None else None
+    lora = rec.lora
+    try:  # a value msgpack does not take: built here instead
+        return _encode_facts((
+            FACTS_VERSION, clock.EPOCH_OFFSET_NS,
+            (limits.max_span_attributes, limits.max_attribute_length, limits.max_events,
+             limits.max_event_attributes, limits.max_links),
+            None if parent is None else (parent.span_id, parent.is_remote),
+            rec.ext_id, rec.arrival, end_ns, rec.vllm, rec.model, rec.prompt_len, rec.out_tokens,
+            rec.cached, rec.params, None if rec.finish is None else str(rec.finish), ttft,
+            rec.queue is not None or rec.taken, rec.streaming, rec.aborted, rec.rejected,
+            None if lora is None else (lora.lora_name, lora.lora_int_id),
+            None if act is None else (act.kind, act.ready_ns, None if link is None else (
+                link.trace_id >> 64, link.trace_id & _MASK64, link.span_id, int(link.trace_flags))),
+            rec.cold_index, rec.cold, rec.first_tok, rec.late_preemptions, rec.preemptions,
+            None if eng is None else (eng.queued, eng.waiting, eng.running, eng.free, eng.total,
+                                      eng.attempts, eng.schedule, eng.adapter, eng.compile),
+            schedule, stages, fills, error))
+    except (TypeError, ValueError, OverflowError, msgspec.EncodeError):
+        return None
+
+
+def preemption_events(rec: RequestRecord, schedule: list[tuple[str, float]]
                        ) -> list[tuple[str, float, dict[str, Any]]]:
     events = [(semconv.EVENT_REQUEST_PREEMPTED, ts, {semconv.ATTR_EVENT_BEFORE_FIRST_TOKEN: True})
               for kind, ts in schedule if kind == PREEMPTED
@@ -260,7 +317,7 @@ def _preemption_events(rec: RequestRecord, schedule: list[tuple[str, float]]
     return events
 
 
-def _links(rec: RequestRecord) -> list[Link]:
+def activation_links(rec: RequestRecord) -> list[Link]:
     act = rec.activation
     if act is not None and getattr(act, "span_context", None) is not None \
             and act.span_context.is_valid:

@@ -79,8 +79,9 @@ class RequestRecord(msgspec.Struct, gc=False, eq=False):
     state: Any = None
     """vLLM's ``RequestState`` (its token counts are read once, when the request ends)."""
     params: Any = None
-    """vLLM's ``SamplingParams``; once the request ends, only the values its span may carry (a
-    tuple, ``attributes.param_values``)."""
+    """The values of vLLM's ``SamplingParams`` its span may carry (a tuple,
+    ``attributes.param_values``), read when it arrives: the ``SamplingParams`` (and the lists
+    it holds) is not kept while the request waits to be emitted."""
     prompt_len: int | None = None
     """Prompt tokens."""
     prompt: str | None = None
@@ -289,6 +290,9 @@ def output_tokens(req_state: Any) -> int | None:
 settling: dict[str, RequestRecord] = {}
 """Finished in the engine, its final output still on the way to its ``generate`` call: emitted
 once the caller took it (finished), or when the caller leaves first (aborted)."""
+caller_headers_seen = False
+"""Some caller's ``trace_headers`` were noted (``CALLER_HEADERS``): until then the per-request
+hooks leave the context variable alone (an untraced server never reads it)."""
 CALLER_HEADERS: contextvars.ContextVar[Any] = contextvars.ContextVar("otel_ttft_caller",
                                                                    default=None)
 """The ``trace_headers`` of this task's latest ``AsyncLLM.add_request`` call, as the caller sent
