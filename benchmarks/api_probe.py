@@ -20,10 +20,12 @@ code. The timers cost the metered process itself about 1 us a hooked call, so a 
 CPU is not compared with another's.
 
 With ``BENCH_PROBE_STUB=module:function,...`` each named function is replaced by one that does
-nothing and returns ``None``, from the first switch on (``paired_overhead.py --env``): what that
-part of our request path costs the server end to end, where the meter sees only its own frames
+nothing and returns ``None`` (``module:function=true``: returns ``True``), from the first switch
+on (``paired_overhead.py --env``): what that part of our request path costs the server end to
+end, where the meter sees only its own frames
 (``otel_ttft.runtime.hooks.request.spans:emit_request``: every finished request is dropped
-instead of emitted; only for attributing cost, never a working configuration).
+instead of emitted; only for attributing cost, never a working configuration). The meter's
+``BENCH_PROBE_METER_FUNCS`` parts are reported with their calls per request (``calls:``).
 
 With ``BENCH_PROBE_YOUNG_TYPES=1`` each young collection after the first switch counts what it
 finds by type, per hooks state (``young_types`` in the dump): what a request leaves alive long
@@ -145,13 +147,24 @@ def _stub_functions() -> None:
         return
     _stubbed = True
     for spec in filter(None, os.environ.get("BENCH_PROBE_STUB", "").split(",")):
+        spec, _, value = spec.partition("=")  # ``=true``: the stub returns True
         module, _, qualname = spec.partition(":")
         *owners, name = qualname.split(".")
         owner = importlib.import_module(module)
         for part in owners:
             owner = getattr(owner, part)
         getattr(owner, name)  # a misspelt name fails here, not silently
-        setattr(owner, name, _nothing)
+        setattr(owner, name, _returning(_STUB_VALUES[value]) if value else _nothing)
+
+
+_STUB_VALUES = {"true": True, "false": False, "none": None}
+
+
+def _returning(value: object):
+    def stub(*_args: object, **_kwargs: object) -> object:
+        return value
+
+    return stub
 
 
 def _switch_metered(hooks, disabled: set[str]) -> str:
@@ -222,6 +235,8 @@ def _timed(fn, label: str):
         finally:
             own = clock() - t0
             _meter.by_hook[label] = _meter.by_hook.get(label, 0.0) + own
+            calls = "calls:" + label  # 1e-6 a call: reported per request, it reads as calls
+            _meter.by_hook[calls] = _meter.by_hook.get(calls, 0.0) + 1e-6
             if not label.startswith("inclusive:"):
                 _meter.own["api_server"] = _meter.own.get("api_server", 0.0) + own
                 _meter.calls["api_server", "free"] = _meter.calls.get(("api_server", "free"),
