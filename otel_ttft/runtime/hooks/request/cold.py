@@ -12,15 +12,15 @@ _counted: Any = None  # the activation being counted (each is a new object)
 _count = 0
 
 
-def note_activation(rec: Any) -> None:
-    """Sets ``rec.activation``, ``rec.cold_index`` and ``rec.cold`` from the latest activation."""
+def count() -> tuple[Any, int, bool]:
+    """A request arrived: the latest activation (``None`` before the first), the request's
+    position among the requests since (1 = first; 0 without one) and whether that makes it
+    cold. Called once for every request, record or not."""
     global _counted, _count
     act = activation.latest  # read, not called: once per request, in the busy step
     if act is None:
-        return
+        return None, 0, False
     if act is not _counted:
         _counted, _count = act, 0
     _count += 1
-    rec.activation = act
-    rec.cold_index = _count
-    rec.cold = _count <= config.current.cold_requests
+    return act, _count, _count <= config.current.cold_requests

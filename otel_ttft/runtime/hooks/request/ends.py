@@ -10,8 +10,9 @@ from typing import Any
 
 from otel_ttft import semconv
 from otel_ttft.runtime.hooks.request import spans as request_spans
+from otel_ttft.runtime.hooks.request import state
 from otel_ttft.runtime.hooks.request.api import ends_in_finish_hook
-from otel_ttft.runtime.hooks.request.settle import end
+from otel_ttft.runtime.hooks.request.settle import end, record_from_stats
 from otel_ttft.runtime.hooks.request.state import (
     forget,
     live,
@@ -28,11 +29,18 @@ def wrap_abort_requests(call: Callable[..., Any], instance: Any, args: tuple,
         request_ids = list(request_ids)  # read it here and hand vLLM the same ids
         args, kwargs = ((request_ids, *args[1:]), kwargs) if args else (
             args, {**kwargs, "request_ids": request_ids})
+    # Requests without a record (``api._counted_at_end``) are read before vLLM lets them go.
+    unrecorded = _unrecorded(instance, request_ids) if state.counted_at_end else {}
     aborted = call(*args, **kwargs)
     now = time.monotonic()
     for rid in aborted or ():
         rec = forget(rid)
         if rec is None:
+            req_state = unrecorded.get(rid)
+            rec = None if req_state is None else record_from_stats(req_state, None, now)
+            if rec is not None:
+                rec.aborted = True
+                request_spans.emit_request(rec, now)
             continue
         rec.aborted = rec.finish is None
         rec.done = rec.done or now
@@ -49,18 +57,39 @@ def wrap_abort_requests(call: Callable[..., Any], instance: Any, args: tuple,
     return aborted
 
 
+def _unrecorded(instance: Any, request_ids: Any) -> dict[str, Any]:
+    """vLLM's request states of the requests these (internal or external) ids name that have
+    no record of ours."""
+    states = instance.request_states
+    found = {}
+    for rid in request_ids:
+        for internal in (rid, *getattr(instance, "external_req_ids", {}).get(rid, ())):
+            req_state = states.get(internal)
+            if req_state is not None and internal not in live:
+                found[internal] = req_state
+    return found
+
+
 def wrap_propagate_error(call: Callable[..., Any], instance: Any, args: tuple,
                          kwargs: dict) -> Any:
     """An engine failure reaches every open request."""
     exc = args[0] if args else kwargs.get("e")
     result = call(*args, **kwargs)
     now = time.monotonic()
+    error = f"{type(exc).__name__}: {exc}"
     for rid, rec in list(live.items()):
-        rec.error = f"{type(exc).__name__}: {exc}"
+        rec.error = error
         rec.out_tokens = output_tokens(rec.state) or rec.out_tokens
         rec.done = rec.done or now
         forget(rid)
         request_spans.emit_request(rec, now)
+    if state.counted_at_end:  # the open requests without a record
+        for rid, req_state in list(instance.request_states.items()):
+            rec = None if rid in live or rid in settling else record_from_stats(
+                req_state, None, now)
+            if rec is not None:
+                rec.error = error
+                request_spans.emit_request(rec, now)
     return result
 
 

@@ -9,6 +9,8 @@ import time
 from asyncio import _get_running_loop
 from typing import Any
 
+from otel_ttft.runtime.context import process as this_process
+from otel_ttft.runtime.hooks import activation
 from otel_ttft.runtime.hooks.registry import Hook, report_failure
 from otel_ttft.runtime.hooks.request import spans as request_spans
 from otel_ttft.runtime.hooks.request.state import (
@@ -73,6 +75,49 @@ def end(records: list[RequestRecord], now: float) -> None:
         loop = _get_running_loop()  # C, None outside a loop: ``_settle_later`` without its frame
         if loop is None or _settle_scheduled.get(EMIT_DELAY_S) is not loop:
             _settle_later(EMIT_DELAY_S)
+
+
+def end_from_stats(req_state: Any, finish: Any, now: float) -> None:
+    """A request that got no record (``api._counted_at_end``) ended: its record is made now from
+    what vLLM kept (``record_from_stats``) and emitted with the next batch, as any other."""
+    rec = record_from_stats(req_state, finish, now)
+    if rec is None:
+        return
+    loop = _get_running_loop()
+    if loop is None:  # offline (``LLMEngine``): nothing batches it
+        request_spans.emit_request(rec, now)
+        return
+    settling[rec.rid] = rec
+    if _settle_scheduled.get(EMIT_DELAY_S) is not loop:
+        _settle_later(EMIT_DELAY_S)
+
+
+def record_from_stats(req_state: Any, finish: Any, now: float) -> RequestRecord | None:
+    """The record of a request that got none, made from vLLM's ``RequestState`` and its
+    ``RequestStateStats`` (the times vLLM keeps for its own metrics: arrival, QUEUED, first
+    SCHEDULED, the first token's step and when the API process got it); ``None`` without
+    stats. Its TTFT ends when the API process got the first token (vLLM's
+    ``first_token_latency``), as vLLM's own TTFT does."""
+    stats = req_state.stats
+    if stats is None:
+        return None
+    rid = req_state.request_id
+    arrival = stats.arrival_time + now - time.time()
+    rec = RequestRecord(rid, req_state.external_req_id or rid, arrival, taken=True,
+                        from_stats=True, done=now, finish=finish,
+                        queued=stats.queued_ts or None, scheduled=stats.scheduled_ts or None,
+                        out_tokens=stats.num_generation_tokens,
+                        preemptions=stats.num_preemptions, prompt_len=req_state.prompt_len,
+                        cached=req_state.num_cached_tokens, activation=activation.latest)
+    if stats.first_token_ts:
+        rec.first_tok = stats.first_token_ts
+        rec.recv = arrival + stats.first_token_latency
+    lora = req_state.lora_request
+    if lora is not None:
+        rec.lora, rec.model = lora, lora.lora_name
+    else:
+        rec.model = this_process.served_model
+    return rec
 
 
 EMIT_DELAY_S = 1.0

@@ -236,7 +236,10 @@ def emit_request(rec: RequestRecord, now: float) -> None:
         headers if headers and "traceparent" in headers else None, rec.context)
     detail = request_detail.reason(cold=rec.cold, ttft=ttft, failed=bool(error or rec.aborted),
                                    model=rec.model)
-    if detail is None and request_detail.sampled(caller.trace_id if caller else None):
+    # Drawn when it arrived where it could have gone without a record (``api``); one made at
+    # its end from vLLM's stats was not drawn: the draw already gave the share its records.
+    if detail is None and (rec.sampled or (not rec.from_stats and request_detail.sampled(
+            caller.trace_id if caller else None))):
         detail = semconv.DETAIL_SAMPLED
     ctx = request_metrics.NO_SPAN
     # vLLM's own tracing on (``rec.vllm``): the user asked for a span per request; ours is it.

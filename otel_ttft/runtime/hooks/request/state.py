@@ -142,6 +142,12 @@ class RequestRecord(msgspec.Struct, gc=False, eq=False):
     watch: Any = None
     """vLLM's ``LogprobsProcessor`` of this request while our ``FirstOutputs`` shadows its
     ``update_from_output`` (until its second token, or its end: ``unwatch``)."""
+    sampled: bool = False
+    """Drawn for the sampled share when it arrived (a warm request without a caller's trace,
+    which otherwise gets no record: ``api._counted_at_end``)."""
+    from_stats: bool = False
+    """Made when it ended, from vLLM's ``RequestStateStats`` alone (``settle.end_from_stats``):
+    no EngineCore payload, first chunk's write, second token or sampling parameters."""
     payload_due: str | None = None
     """EngineCore's payload as it came (a ``str``), decoded when the request is emitted
     (``read_payload``): in a batch, where that code runs warm; in the busy server's step it
@@ -290,6 +296,9 @@ def output_tokens(req_state: Any) -> int | None:
 settling: dict[str, RequestRecord] = {}
 """Finished in the engine, its final output still on the way to its ``generate`` call: emitted
 once the caller took it (finished), or when the caller leaves first (aborted)."""
+counted_at_end = False
+"""Some request was left to be counted at its end from vLLM's stats (``api._counted_at_end``):
+until then the finish hook looks for records alone."""
 caller_headers_seen = False
 """Some caller's ``trace_headers`` were noted (``CALLER_HEADERS``): until then the per-request
 hooks leave the context variable alone (an untraced server never reads it)."""
