@@ -123,7 +123,8 @@ def after_add_request(token: Any, instance: Any, args: tuple, kwargs: dict,
     act, index, cold_now = cold.count()
     context = _current_context()
     sampled = False
-    if not cold_now and not context and not request.trace_headers:
+    if (not cold_now and not context and not request.trace_headers
+            and request.sampling_params is not None):  # generation, not pooling
         counted = _counted_at_end(instance)
         if counted:
             return  # a warm request nobody traces: counted at its end (``settle.end_from_stats``)
