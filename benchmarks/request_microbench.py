@@ -341,10 +341,15 @@ class _StandIn:
 
 
 class _Front:
-    """Stands in for starlette's ``StreamingResponse`` and ``AsyncLLM.add_request``: the HTTP
-    side of one streamed request (a start message, one body chunk per output and the last one),
-    so that the hooks there (``request.flush``: a box per response and a ``send`` in front of
-    every chunk; ``request.caller``: the caller's headers) are timed through the registry."""
+    """Stands in for starlette's ``StreamingResponse``, vLLM's ``extract_trace_headers`` and
+    ``AsyncLLM.add_request``: the HTTP side of one streamed request (a start message, one body
+    chunk per output and the last one), so that the hooks there (``request.flush``: a box per
+    response and a ``send`` in front of every chunk; ``request.caller_server`` and
+    ``request.caller``: the caller's headers, which vLLM's server reads only for a request that
+    carries some) are timed through the registry."""
+
+    def extract_trace_headers(self, headers):
+        return {k: v for k, v in headers.items() if k in ("traceparent", "tracestate")}
 
     def add_request(self, request_id, prompt, params, arrival_time=None, lora_request=None,
                     tokenization_kwargs=None, trace_headers=None):
@@ -360,6 +365,9 @@ class _Front:
             await send({"type": "http.response.body", "body": b"data: {}\n\n",
                         "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+_TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
 async def _front_end(n_outputs: int, rounds: int) -> float:
@@ -378,16 +386,21 @@ async def _front_end(n_outputs: int, rounds: int) -> float:
         nonlocal excluded
         excluded = 0.0
         t0 = _clock()
-        for i in range(rounds):
+        for _ in range(rounds):
             if evict is not None:
                 t = _clock()
                 evict()
                 excluded += _clock() - t
-            front.add_request(f"f{i}", "p", None, trace_headers=None)
+            headers = None
+            if TRACED:  # vLLM's server reads them only where the request carries some
+                headers = front.extract_trace_headers({"traceparent": _TRACEPARENT})
+            front.add_request("f", "p", None, trace_headers=headers)
             await front.stream_response(send)
         return _clock() - t0 - excluded
 
-    targets = {"request.flush": "_Front.stream_response", "request.caller": "_Front.add_request"}
+    targets = {"request.flush": "_Front.stream_response",
+               "request.caller_server": "_Front.extract_trace_headers",
+               "request.caller": "_Front.add_request"}
     hooks = [replace(h, target=f"{__name__}:{targets[h.name]}", applied=False)
              for h in request.HOOKS if h.name in targets]
     plain, hooked = [], []

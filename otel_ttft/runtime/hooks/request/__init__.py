@@ -3,12 +3,15 @@ after the fact from timestamps vLLM already records.
 
 Lifecycle of one request, hook by hook (``HOOKS`` below, in this order):
 
-API process (``api``):
+API process (``api``, ``caller``):
 
 - ``request.flush`` -- starlette's ``StreamingResponse.stream_response``: when the chunk carrying
   the first token was written to the client.
+- ``request.caller_server`` -- ``extract_trace_headers`` in vLLM's server (``BaseServing``),
+  called only for a request that carries trace headers: counts it on its way to the engine.
 - ``request.caller`` -- ``AsyncLLM.add_request``: the caller's ``trace_headers``
-  (``traceparent``), which vLLM drops unless its own tracing is on.
+  (``traceparent``), which vLLM drops unless its own tracing is on. In vLLM's server, vLLM's
+  own method runs instead while no traced request is on its way (``registry.bypass``).
 - ``request.add`` -- ``OutputProcessor.add_request``: the record, with vLLM's arrival time, prompt
   size, sampling parameters, LoRA adapter and activation (cold/warm) bookkeeping. ``generate``
   calls it in the HTTP response's task, so the current context is the caller's (the server span,
@@ -48,14 +51,15 @@ Worker (``worker``): ``request.adapter_load`` (an adapter loaded inside a step; 
 step are timed by ``warmup.compile``, the one ``monitor_torch_compile`` wrapper) and
 ``request.warmup_ship`` (hands those times to EngineCore with the step's output).
 
-Modules: ``api`` (API-process hooks: the record, its outputs, its end), ``settle`` (a request's end
-and the batched emission), ``ends`` (abort, engine failure, vLLM's own span), ``flush`` (the first
-token's chunk on its way out), ``first_use`` (front-end cache fills), ``engine`` (EngineCore
-hooks), ``worker`` (adapter/compile/output hooks), ``payload`` (EngineCore -> API payload),
-``state`` (per-request state), ``timeline`` (the tiling rule), ``detail`` (which requests get a
-span), ``spans`` (the span tree), ``remote`` (a request span built in the API server's export
-process), ``attributes`` (the request span's attributes), ``metrics`` (the TTFT histogram and time
-per stage), ``histogram`` (TTFT samples written into the SDK's own aggregation).
+Modules: ``api`` (API-process hooks: the record, its outputs, its end), ``caller`` (the caller's
+trace headers), ``settle`` (a request's end and the batched emission), ``ends`` (abort, engine
+failure, vLLM's own span), ``flush`` (the first token's chunk on its way out), ``first_use``
+(front-end cache fills), ``engine`` (EngineCore hooks), ``worker`` (adapter/compile/output hooks),
+``payload`` (EngineCore -> API payload), ``state`` (per-request state), ``timeline`` (the tiling
+rule), ``detail`` (which requests get a span), ``spans`` (the span tree), ``remote`` (a request
+span built in the API server's export process), ``attributes`` (the request span's attributes),
+``metrics`` (the TTFT histogram and time per stage), ``histogram`` (TTFT samples written into the
+SDK's own aggregation).
 """
 
 from __future__ import annotations
@@ -68,8 +72,8 @@ from otel_ttft.runtime.hooks.request.api import (
     OUTPUTS_HOOK,
     CaptureText,
     wrap_add_request,
-    wrap_engine_add_request,
 )
+from otel_ttft.runtime.hooks.request.caller import SERVER_HEADERS_HOOK, wrap_engine_add_request
 from otel_ttft.runtime.hooks.request.ends import (
     wrap_abort_requests,
     wrap_do_tracing,
@@ -84,6 +88,7 @@ HOOKS: list[Hook] = [
     Hook("request.flush", "starlette.responses:StreamingResponse.stream_response",
          wrap_stream_response, stage=semconv.STAGE_FRONTEND, process=API_SERVER,
          optional=True),
+    SERVER_HEADERS_HOOK,
     Hook("request.caller", "vllm.v1.engine.async_llm:AsyncLLM.add_request",
          wrap_engine_add_request, process=API_SERVER),
     Hook("request.add", f"{_OP}.add_request", wrap_add_request, process=API_SERVER),

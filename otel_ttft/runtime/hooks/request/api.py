@@ -87,24 +87,6 @@ class CaptureText(Stream):
             texts[o.index] = (texts.get(o.index, "") + o.text) if self.delta else o.text
 
 
-# --- AsyncLLM.add_request: the caller's trace headers ---------------------------------------------
-
-def before_engine_add_request(instance: Any, args: tuple, kwargs: dict) -> Any:
-    """Notes the caller's ``trace_headers`` before vLLM drops them (it keeps them only for its
-    own tracing), ahead of the call: no extra coroutine. ``generate`` awaits the call in the task
-    that then runs ``OutputProcessor.add_request``, where the record reads them."""
-    headers = kwargs.get("trace_headers", args[6] if len(args) > 6 else None)
-    if headers:
-        state.caller_headers_seen = True
-        CALLER_HEADERS.set(headers)
-    elif state.caller_headers_seen and CALLER_HEADERS.get() is not None:
-        CALLER_HEADERS.set(None)  # an untraced request after a traced one in this task
-    return PASS
-
-
-wrap_engine_add_request = Split(before_engine_add_request)
-
-
 # --- OutputProcessor.add_request -----------------------------------------------------------------
 
 def after_add_request(token: Any, instance: Any, args: tuple, kwargs: dict,

@@ -12,7 +12,11 @@ from typing import Any
 from otel_ttft.runtime.context import process as this_process
 from otel_ttft.runtime.hooks import activation
 from otel_ttft.runtime.hooks.registry import Hook, report_failure
+from otel_ttft.runtime.hooks.request import detail as request_detail
+from otel_ttft.runtime.hooks.request import first_use
+from otel_ttft.runtime.hooks.request import metrics as request_metrics
 from otel_ttft.runtime.hooks.request import spans as request_spans
+from otel_ttft.runtime.hooks.request.attributes import operation_name
 from otel_ttft.runtime.hooks.request.state import (
     RequestRecord,
     fresh,
@@ -22,6 +26,7 @@ from otel_ttft.runtime.hooks.request.state import (
     settling,
     stoppable,
 )
+from otel_ttft.runtime.hooks.request.timeline import SCHEDULED, stage_durations
 from otel_ttft.runtime.telemetry import bounded_export
 
 failures: Hook | None = None
@@ -77,18 +82,26 @@ def end(records: list[RequestRecord], now: float) -> None:
             _settle_later(EMIT_DELAY_S)
 
 
+counted: list[tuple] = []
+"""Requests that ended without a record (``api._counted_at_end``), as the few values of vLLM's
+``RequestState`` and ``RequestStateStats`` their metrics need (``end_from_stats``), until the
+next batch (``_emit_counted``). Values, not vLLM's objects: nothing the request held outlives
+it."""
+
+
 def end_from_stats(req_state: Any, finish: Any, now: float) -> None:
-    """A request that got no record (``api._counted_at_end``) ended: its record is made now from
-    what vLLM kept (``record_from_stats``) and emitted with the next batch, as any other."""
-    rec = record_from_stats(req_state, finish, now)
-    if rec is None:
+    """A request that got no record ended: what vLLM kept of it is noted (``counted``) and
+    emitted with the next batch. In vLLM's busy step: a tuple, no record, no frame more."""
+    stats = req_state.stats
+    if stats is None:
         return
-    loop = _get_running_loop()
-    if loop is None:  # offline (``LLMEngine``): nothing batches it
-        request_spans.emit_request(rec, now)
-        return
-    settling[rec.rid] = rec
-    if _settle_scheduled.get(EMIT_DELAY_S) is not loop:
+    counted.append((stats.arrival_time, stats.queued_ts, stats.scheduled_ts,
+                    stats.first_token_ts, stats.first_token_latency,
+                    stats.num_generation_tokens, stats.num_preemptions, finish, now,
+                    req_state.request_id, req_state.external_req_id, req_state.prompt_len,
+                    req_state.num_cached_tokens, req_state.lora_request))
+    loop = _get_running_loop()  # C, None outside a loop: ``_settle_later`` without its frame
+    if loop is None or _settle_scheduled.get(EMIT_DELAY_S) is not loop:
         _settle_later(EMIT_DELAY_S)
 
 
@@ -101,23 +114,56 @@ def record_from_stats(req_state: Any, finish: Any, now: float) -> RequestRecord 
     stats = req_state.stats
     if stats is None:
         return None
-    rid = req_state.request_id
-    arrival = stats.arrival_time + now - time.time()
-    rec = RequestRecord(rid, req_state.external_req_id or rid, arrival, taken=True,
-                        from_stats=True, done=now, finish=finish,
-                        queued=stats.queued_ts or None, scheduled=stats.scheduled_ts or None,
-                        out_tokens=stats.num_generation_tokens,
-                        preemptions=stats.num_preemptions, prompt_len=req_state.prompt_len,
-                        cached=req_state.num_cached_tokens, activation=activation.latest)
-    if stats.first_token_ts:
-        rec.first_tok = stats.first_token_ts
-        rec.recv = arrival + stats.first_token_latency
-    lora = req_state.lora_request
+    return _record(stats.arrival_time, stats.queued_ts, stats.scheduled_ts,
+                   stats.first_token_ts, stats.first_token_latency,
+                   stats.num_generation_tokens, stats.num_preemptions, finish, now,
+                   req_state.request_id, req_state.external_req_id, req_state.prompt_len,
+                   req_state.num_cached_tokens, req_state.lora_request,
+                   offset=now - time.time())
+
+
+def _record(arrival_wall: float, queued: float, scheduled: float, first_tok: float,
+            first_latency: float, out_tokens: int, preemptions: int, finish: Any, done: float,
+            rid: str, ext_id: str | None, prompt_len: int | None, cached: int | None, lora: Any,
+            *, offset: float) -> RequestRecord:
+    """A record from what ``end_from_stats`` noted; ``offset``: monotonic minus wall clock."""
+    arrival = arrival_wall + offset
+    rec = RequestRecord(rid, ext_id or rid, arrival, taken=True, from_stats=True, done=done,
+                        finish=finish, queued=queued or None, scheduled=scheduled or None,
+                        out_tokens=out_tokens, preemptions=preemptions, prompt_len=prompt_len,
+                        cached=cached, activation=activation.latest)
+    if first_tok:
+        rec.first_tok = first_tok
+        rec.recv = arrival + first_latency
     if lora is not None:
         rec.lora, rec.model = lora, lora.lora_name
     else:
         rec.model = this_process.served_model
     return rec
+
+
+def _emit_counted(noted: tuple, offset: float) -> None:
+    """One request counted at its end (``counted``): its TTFT sample and stage times straight
+    from vLLM's times; a record and ``emit_request`` only where it gets a span (slow, in the
+    tail, no first token, or it waited for a front-end cache to fill)."""
+    (arrival_wall, queued, scheduled, first_tok, first_latency, _, _, _, _, _, ext_id, _, _,
+     lora) = noted
+    arrival = arrival_wall + offset
+    detail = request_spans.ASK
+    if first_tok and not first_use.within(arrival, queued or first_tok):
+        model = lora.lora_name if lora is not None else this_process.served_model
+        recv = arrival + first_latency
+        stages = stage_durations(arrival, queued or None,
+                                 [(SCHEDULED, scheduled)] if scheduled else [], first_tok, recv)
+        detail = request_detail.reason(cold=False, ttft=first_latency, failed=False,
+                                       model=model)
+        if not request_detail.wants_span(detail, traced=False):
+            request_metrics.record_request(first_latency, stages, model, False, None, None,
+                                           context=request_metrics.NO_SPAN,
+                                           operation=operation_name(ext_id or noted[9]))
+            return
+    rec = _record(*noted, offset=offset)
+    request_spans.emit_request(rec, rec.done, detail=detail)
 
 
 EMIT_DELAY_S = 1.0
@@ -177,6 +223,13 @@ def _settle(give_up: bool = False, delay: float | None = None) -> None:
     more = False
     try:
         emitted = 0
+        if counted:
+            offset = now - time.time()
+            batch = counted[:] if give_up else counted[:_EMIT_BATCH]
+            del counted[:len(batch)]
+            for noted in batch:
+                _emit_counted(noted, offset)
+            emitted = len(batch)
         for rid, rec in list(settling.items()):
             if emitted == _EMIT_BATCH and not give_up:
                 more = True  # the rest right after the callbacks queued meanwhile
@@ -188,11 +241,12 @@ def _settle(give_up: bool = False, delay: float | None = None) -> None:
                 emitted += 1
     except Exception as exc:  # noqa: BLE001 - ours, outside any wrapper: the hooks' failure rule
         settling.clear()
+        counted.clear()
         _untaken.clear()
         if failures is not None:
             report_failure(failures, exc)
         return
-    if more:
+    if more or counted:
         _settle_later(0.0)
     elif settling:
         _settle_later(_SETTLE_RETRY_S)
@@ -202,7 +256,7 @@ def _settle(give_up: bool = False, delay: float | None = None) -> None:
 
 def _settle_at_exit() -> None:
     """At exit, before the final flush: requests still waiting to be emitted are emitted."""
-    if settling:
+    if settling or counted:
         _settle(give_up=True)
 
 

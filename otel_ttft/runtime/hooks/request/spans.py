@@ -196,8 +196,14 @@ def fill(span: Any, segments: list[Segment], first_decode: tuple[float, float] |
     return span
 
 
-def emit_request(rec: RequestRecord, now: float) -> None:
-    """The request's span tree and metric samples (its hooks' failure rule applies)."""
+ASK: Any = object()
+"""``emit_request``'s ``detail`` when the caller did not ask the policy yet (it remembers each
+request's TTFT for the tail: asked once per request)."""
+
+
+def emit_request(rec: RequestRecord, now: float, detail: str | None = ASK) -> None:
+    """The request's span tree and metric samples (its hooks' failure rule applies);
+    ``detail``: the policy's answer for it, where already asked."""
     end = now
     rec.read_payload()
     eng = rec.engine
@@ -234,8 +240,9 @@ def emit_request(rec: RequestRecord, now: float) -> None:
     # whoever traces the request, if anyone
     caller, context, kind = parent_context(
         headers if headers and "traceparent" in headers else None, rec.context)
-    detail = request_detail.reason(cold=rec.cold, ttft=ttft, failed=bool(error or rec.aborted),
-                                   model=rec.model)
+    if detail is ASK:
+        detail = request_detail.reason(cold=rec.cold, ttft=ttft,
+                                       failed=bool(error or rec.aborted), model=rec.model)
     # Drawn when it arrived where it could have gone without a record (``api``); one made at
     # its end from vLLM's stats was not drawn: the draw already gave the share its records.
     if detail is None and (rec.sampled or (not rec.from_stats and request_detail.sampled(

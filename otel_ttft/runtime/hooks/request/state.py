@@ -302,6 +302,14 @@ until then the finish hook looks for records alone."""
 caller_headers_seen = False
 """Some caller's ``trace_headers`` were noted (``CALLER_HEADERS``): until then the per-request
 hooks leave the context variable alone (an untraced server never reads it)."""
+caller_headers_due = 0
+"""Requests vLLM's server found trace headers on whose ``AsyncLLM.add_request`` has not run
+yet (``caller.after_server_trace_headers``): while any is, the caller hook stays on every call."""
+caller_headers_due_at = 0.0
+"""When the latest of them was found (``time.monotonic``)."""
+caller_headers_direct = False
+"""Trace headers reached ``AsyncLLM.add_request`` that vLLM's server did not announce: a program
+calls it directly, and the caller hook stays on every call."""
 CALLER_HEADERS: contextvars.ContextVar[Any] = contextvars.ContextVar("otel_ttft_caller",
                                                                    default=None)
 """The ``trace_headers`` of this task's latest ``AsyncLLM.add_request`` call, as the caller sent
