@@ -161,11 +161,7 @@ def api_telemetry(telemetry: Callable[..., tuple]) -> Iterator[tuple]:
     yield exporter, reader
     hook_set.remove()
     request.settle.EMIT_DELAY_S = delay
-    request.state.live.clear()
-    request.state.settling.clear()
-    request.settle._untaken.clear()
-    request.state.fresh.clear()
-    request.state.stoppable.clear()
+    request.state.book.clear()
 
 
 @pytest.fixture

@@ -114,11 +114,10 @@ def test_vllm_spans_move_onto_our_clock_after_a_wall_clock_step(monkeypatch):
     from opentelemetry import trace
 
     from otel_ttft import semconv
-    from otel_ttft.runtime.telemetry import pipeline, spans
+    from otel_ttft.runtime.telemetry import spans
     from tests.otel_memory import memory_exporter
 
-    exporter = memory_exporter()
-    pipeline.attach()
+    exporter = memory_exporter()  # through our configurator's pipeline
     exporter.clear()
     monkeypatch.setattr(clock, "EPOCH_OFFSET_NS", clock.EPOCH_OFFSET_NS - 4_000_000_000)
     tracer = trace.get_tracer("vllm.model_executor.model_loader")

@@ -102,19 +102,17 @@ def test_doctor_names_the_host_isa_and_the_amx_crash():
     assert ("--dtype float32" in text) == ("AMX" in host.cpu_isa())
 
 
-def test_doctor_names_the_sdk_its_range_and_the_internals_it_lacks():
+def test_doctor_names_the_sdk_its_range_and_the_configurator():
     from importlib.metadata import version
 
     from otel_ttft.tools import doctor
 
     otel = doctor._opentelemetry()
     assert otel["sdk_version"] == version("opentelemetry-sdk")
-    assert otel["supported"] and otel["supported_range"].count(",") == 1  # >=X,<Y declared
-    assert otel["missing_internals"] == []
-    assert "every SDK internal otel-ttft uses is there" in "\n".join(
-        doctor._render_opentelemetry(otel))
-    moved = {**otel, "supported": False,
-             "missing_internals": ["BatchSpanProcessor._batch_processor"]}
-    text = "\n".join(doctor._render_opentelemetry(moved))
+    assert otel["supported"] and otel["supported_range"].count(",") == 1  # >=X,<2 declared
+    assert otel["configurator"] == "otel_ttft"
+    assert "ok      configurator: otel_ttft" in "\n".join(doctor._render_opentelemetry(otel))
+    other = {**otel, "supported": False, "configurator": "sdk"}
+    text = "\n".join(doctor._render_opentelemetry(other))
     assert f"NOT in the tested range {otel['supported_range']}" in text
-    assert "MISSING BatchSpanProcessor._batch_processor" in text and " ok " not in text
+    assert "NOTE    configurator: sdk (not ours" in text

@@ -25,7 +25,7 @@ from otel_ttft.runtime import clock, config, state_files
 from otel_ttft.runtime import environment_variables as env
 from otel_ttft.runtime.context import process as this_process
 from otel_ttft.runtime.hooks import fault
-from otel_ttft.runtime.telemetry import inflight, pipeline, spans
+from otel_ttft.runtime.telemetry import inflight, spans
 from otel_ttft.tools.analysis.traces import build_trees
 from otel_ttft.tools.replay.server import free_port
 from otel_ttft.tools.sink.otlp_decode import decode_trace_request
@@ -33,25 +33,14 @@ from tests.collector_faults import SilentCollector
 from tests.otel_memory import memory_exporter
 
 EXIT_SCRIPT = textwrap.dedent('''
-    import sys, time
+    import os, sys, time
     from opentelemetry import metrics, trace
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    endpoint = sys.argv[1]
-    tp = TracerProvider()
-    tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint + "/v1/traces")))
-    trace.set_tracer_provider(tp)
-    reader = PeriodicExportingMetricReader(
-        OTLPMetricExporter(endpoint=endpoint + "/v1/metrics"), export_interval_millis=60000)
-    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
-
-    from otel_ttft.runtime.telemetry import pipeline, spans
-    pipeline.attach()
+    os.environ.update({"OTEL_EXPORTER_OTLP_ENDPOINT": sys.argv[1],
+                       "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                       "OTEL_METRIC_EXPORT_INTERVAL": "60000"})
+    from otel_ttft.runtime import configurator
+    configurator.configure()  # what opentelemetry-instrument runs
     tracer = trace.get_tracer("t")
     for i in range(3000):  # more than the SDK's queue (2048): the overflow is counted too
         tracer.start_span(f"s{i}").end()
@@ -76,7 +65,7 @@ def test_exit_is_bounded_and_drops_are_counted_once(collector, tmp_path):
     first = [line for line in lines if "not reaching the collector" in line]
     summary = [line for line in lines if "of final flush; not delivered" in line]
     assert len(first) == 1 and len(summary) == 1, proc.stderr
-    assert "spans (queue_full)" in summary[0]
+    assert "spans (queue_full)" in summary[0]  # 3000 spans, room for 2560: the rest overflowed
     assert "spans (exit_deadline)" in summary[0] or "spans (export_failed)" in summary[0]
     # Nothing reached the collector: each of the 3000 spans is counted, and only once.
     assert sum(int(n) for n in re.findall(r"(\d+) spans \(", summary[0])) == 3000, summary[0]
@@ -89,8 +78,7 @@ def test_exit_is_bounded_and_drops_are_counted_once(collector, tmp_path):
 
 
 def _stage_spans():
-    memory_exporter()
-    pipeline.attach()
+    memory_exporter()  # our configurator's provider: the tracker is on it
     return inflight.tracker()
 
 
@@ -170,11 +158,11 @@ def test_open_spans_end_with_an_error_and_name_the_failed_stage():
 
 
 def _child_loads_forever(parent_traceparent: str) -> None:
-    from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-    trace.set_tracer_provider(TracerProvider())
-    pipeline.attach()
+    from otel_ttft.runtime import configurator
+
+    configurator.configure({"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"})
     this_process.kind = "worker"
     ctx = TraceContextTextMapPropagator().extract({"traceparent": parent_traceparent})
     with spans.stage_span("Load weights", semconv.STAGE_LOAD, context=ctx), \
@@ -260,12 +248,13 @@ SIGNAL_SCRIPT = textwrap.dedent('''
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    tp = TracerProvider()
-    tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=sys.argv[1] + "/v1/traces")))
-    trace.set_tracer_provider(tp)
+    os.environ.update({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": sys.argv[1] + "/v1/traces",
+                       "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                       "OTEL_METRICS_EXPORTER": "none"})
     from otel_ttft import semconv
-    from otel_ttft.runtime.telemetry import pipeline, spans
-    pipeline.attach()
+    from otel_ttft.runtime import configurator
+    from otel_ttft.runtime.telemetry import spans
+    configurator.configure()
     assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL, "no handler installed"
     root = spans.tracer().start_span(semconv.SPAN_ACTIVATION)
     with trace.use_span(root), spans.stage_span("Load weights", semconv.STAGE_LOAD):
@@ -294,13 +283,10 @@ def test_sigterm_without_a_handler_ends_and_flushes_open_spans(receiver):
 def test_an_installed_sigterm_handler_is_left_alone():
     script = textwrap.dedent('''
         import signal
-        from opentelemetry import trace
-        from opentelemetry.sdk.trace import TracerProvider
         def mine(*_): pass
         signal.signal(signal.SIGTERM, mine)
-        trace.set_tracer_provider(TracerProvider())
-        from otel_ttft.runtime.telemetry import pipeline, spans
-        pipeline.attach()
+        from otel_ttft.runtime import configurator
+        configurator.configure({"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"})
         assert signal.getsignal(signal.SIGTERM) is mine
     ''')
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -309,26 +295,16 @@ def test_an_installed_sigterm_handler_is_left_alone():
 
 
 FLAPPING_SCRIPT = textwrap.dedent('''
-    import sys, time
-    from opentelemetry import metrics, trace
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    import os, sys, time
+    from opentelemetry import trace
 
     endpoint, seconds = sys.argv[1], float(sys.argv[2])
-    tp = TracerProvider()
-    tp.add_span_processor(BatchSpanProcessor(
-        OTLPSpanExporter(endpoint=endpoint + "/v1/traces", timeout=1), schedule_delay_millis=100))
-    trace.set_tracer_provider(tp)
-    reader = PeriodicExportingMetricReader(
-        OTLPMetricExporter(endpoint=endpoint + "/v1/metrics", timeout=1),
-        export_interval_millis=300)
-    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
-    from otel_ttft.runtime.telemetry import pipeline, spans
-    pipeline.attach()
+    os.environ.update({"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+                       "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                       "OTEL_EXPORTER_OTLP_TIMEOUT": "1", "OTEL_BSP_SCHEDULE_DELAY": "100",
+                       "OTEL_METRIC_EXPORT_INTERVAL": "300"})
+    from otel_ttft.runtime import configurator
+    configurator.configure()
     tracer = trace.get_tracer("t")
     end = time.monotonic() + seconds
     i = 0

@@ -1,4 +1,5 @@
-"""vLLM seeds Python's ``random`` in every engine; our instrumentation keeps span ids unique."""
+"""vLLM seeds Python's ``random`` in every engine; our configurator's id generator keeps span ids
+unique where the SDK's default one would repeat them."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import random
 
 from opentelemetry.sdk.trace import TracerProvider
 
-from otel_ttft.runtime import ids
+from otel_ttft.runtime.configurator import PrivateIdGenerator
 
 
 def _ids_after_seed(tracer) -> tuple[str, str]:
@@ -16,14 +17,8 @@ def _ids_after_seed(tracer) -> tuple[str, str]:
         return format(ctx.trace_id, "032x"), format(ctx.span_id, "016x")
 
 
-def test_seeded_random_repeats_ids_unless_installed() -> None:
-    tracer = TracerProvider().get_tracer("t")  # made before instrumenting, like vLLM's
-    ids.uninstall()
-    assert _ids_after_seed(tracer) == _ids_after_seed(tracer)  # the SDK's default collides
-    ids.install()
-    try:
-        seen = {_ids_after_seed(tracer) for _ in range(50)}
-        assert len(seen) == 50
-    finally:
-        ids.uninstall()
-    assert _ids_after_seed(tracer) == _ids_after_seed(tracer)  # uninstrument restores
+def test_seeded_random_repeats_the_sdks_default_ids_but_not_ours() -> None:
+    default = TracerProvider().get_tracer("t")
+    assert _ids_after_seed(default) == _ids_after_seed(default)  # the SDK's default collides
+    ours = TracerProvider(id_generator=PrivateIdGenerator()).get_tracer("t")
+    assert len({_ids_after_seed(ours) for _ in range(50)}) == 50

@@ -58,6 +58,40 @@ def test_loaded_twice_instruments_once_and_uninstrument_undoes_it():
     assert not isinstance(GPUModelRunner.__dict__["initialize_kv_cache"], wrapt.FunctionWrapper)
 
 
+def test_uninstrument_undoes_every_wrapper_it_applied():
+    """Every hook target vLLM has here is wrapped while instrumented and is vLLM's own function
+    again after: instrument, uninstrument, compare every target."""
+    import importlib
+
+    from otel_ttft.runtime.hooks import all_hooks
+
+    def targets():
+        found = {}
+        for hook in all_hooks():
+            try:
+                owner = importlib.import_module(hook.module)
+                *path, attr = hook.qualname.split(".")
+                for part in path:
+                    owner = getattr(owner, part)
+            except (ImportError, AttributeError):
+                continue
+            if attr in vars(owner):
+                found[hook.target] = vars(owner)[attr]
+        return found
+
+    before = targets()
+    assert before and not any(isinstance(f, wrapt.FunctionWrapper) for f in before.values())
+    instrumentor = VllmTTFTInstrumentor()
+    instrumentor.instrument(skip_dep_check=True)
+    try:
+        during = targets()
+        wrapped = [t for t, f in during.items() if isinstance(f, wrapt.FunctionWrapper)]
+        assert len(wrapped) >= len(before) * 3 // 4, wrapped  # the rest: needs, disabled
+    finally:
+        instrumentor.uninstrument()
+    assert targets() == before
+
+
 def test_generate_is_wrapped_only_when_output_text_is_captured():
     from otel_ttft.runtime.config import Config
     from otel_ttft.runtime.hooks import all_hooks

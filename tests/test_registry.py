@@ -331,111 +331,19 @@ def test_suppressed_instrumentation_bypasses_every_kind(kinds_pkg):
     hooks.remove()
 
 
-# --- Split: the per-step hooks' guard -----------------------------------------------------------
+def test_an_api_server_hook_is_not_installed_in_a_spawned_engine_process(fake_pkg, monkeypatch):
+    """vLLM's EngineCore and workers are spawned (``--multiprocessing-fork`` on their command
+    line): a hook scoped to the API server is never installed there."""
+    import sys
 
-def _counting_target(fake_pkg):
-    """The fake module's ``Runner`` with a count of vLLM's own calls."""
-    mod = __import__(fake_pkg)
-    calls = []
-    original = mod.Runner.load
-
-    def load(self, x):
-        calls.append(x)
-        return original(self, x)
-
-    mod.Runner.load = load
-    return mod, calls
-
-
-@pytest.mark.parametrize("where", ["before", "after"])
-def test_split_hook_failing_runs_vllm_once_and_stands_aside(fake_pkg, caplog, where):
-    from otel_ttft.runtime.hooks.registry import Split
-
-    seen = []
-
-    def before(instance, args, kwargs):
-        if where == "before":
-            raise RuntimeError("our bug")
-        return args[0]
-
-    def after(token, instance, args, kwargs, result):
-        seen.append((token, result))
-        raise RuntimeError("our bug")
-
-    mod, calls = _counting_target(fake_pkg)
-    hook = Hook("t.split", f"{fake_pkg}:Runner.load", Split(before, after))
-    hooks = HookSet([hook])
-    hooks.apply_to(mod)
-    with caplog.at_level(logging.WARNING, logger="otel_ttft"):
-        assert [mod.Runner().load(i) for i in range(3)] == [0, 2, 4]
-    assert calls == [0, 1, 2], "vLLM's function ran more or less than once per call"
-    assert hook.failed
-    assert seen == ([] if where == "before" else [(0, 0)]), "a failed hook ran again"
-    assert sum("t.split" in r.getMessage() for r in caplog.records) == 1
-    hooks.remove(mod)
-
-
-def test_split_hook_passes_vllms_own_error_unchanged(fake_pkg):
-    from otel_ttft.runtime.hooks.registry import Split
-
-    after_calls = []
-    hook = Hook("t.split_fail", f"{fake_pkg}:Runner.fail",
-                Split(lambda i, a, k: None, lambda *a: after_calls.append(a)))
-    mod = __import__(fake_pkg)
-    hooks = HookSet([hook])
-    hooks.apply_to(mod)
-    with pytest.raises(KeyError, match="vllm's own error"):
-        mod.Runner().fail()
-    assert not hook.failed and after_calls == []
-    hooks.remove(mod)
-
-
-def test_split_hook_pass_skips_after_and_after_only_sees_every_result(fake_pkg):
-    from otel_ttft.runtime.hooks.registry import PASS, Split
-
-    afters, only_after = [], []
-    mod, calls = _counting_target(fake_pkg)
-    hooks = HookSet([
-        Hook("t.pass", f"{fake_pkg}:Runner.load",
-             Split(lambda i, a, k: PASS if a[0] % 2 else a[0],
-                   lambda token, i, a, k, result: afters.append((token, result)))),
-        Hook("t.after", f"{fake_pkg}:helper",
-             Split(after=lambda token, i, a, k, result: only_after.append((token, result)))),
-    ])
-    hooks.apply_to(mod)
-    assert [mod.Runner().load(i) for i in range(4)] == [0, 2, 4, 6]
-    assert mod.helper(1) == 2
-    assert calls == [0, 1, 2, 3]
-    assert afters == [(0, 0), (2, 4)], "after ran for a call its before passed"
-    assert only_after == [(None, 2)]
-    hooks.remove(mod)
-    assert mod.Runner().load(5) == 10 and len(afters) == 2, "still wrapped after remove()"
-
-
-# --- Swap: a hook that hands vLLM's call other arguments ----------------------------------------
-
-def test_swap_hook_hands_other_arguments_and_failing_leaves_the_call_as_it_came(fake_pkg, caplog):
-    from otel_ttft.runtime.hooks.registry import Swap
-
-    given = []
-
-    def prepare(instance, args, kwargs):
-        given.append((args, dict(kwargs)))
-        if args and args[0] == 3:
-            raise RuntimeError("our bug")
-        if args:
-            return (args[0] + 10, *args[1:]), kwargs
-        return args, {**kwargs, "x": kwargs["x"] + 10}
-
-    mod, calls = _counting_target(fake_pkg)
-    hook = Hook("t.swap", f"{fake_pkg}:Runner.load", Swap(prepare))
-    hooks = HookSet([hook])
-    hooks.apply_to(mod)
-    assert mod.Runner().load(1) == 22 and mod.Runner().load(x=2) == 24
-    with caplog.at_level(logging.WARNING, logger="otel_ttft"):
-        assert mod.Runner().load(3) == 6, "a failed swap changed vLLM's call"
-    assert hook.failed and mod.Runner().load(4) == 8 and len(given) == 3, "ran again"
-    assert calls == [11, 12, 3, 4], "vLLM's function ran more or less than once per call"
-    assert sum("t.swap" in r.getMessage() for r in caplog.records) == 1
-    hooks.remove(mod)
-    assert mod.Runner().load(1) == 2, "still wrapped after remove()"
+    monkeypatch.setattr(sys, "argv", [*sys.argv, "--multiprocessing-fork"])
+    scoped = Hook("t.api", f"{fake_pkg}:Runner.load", lambda call, i, a, k: call(*a, **k),
+                  process="api_server")
+    anywhere = Hook("t.any", f"{fake_pkg}:helper", lambda call, i, a, k: call(*a, **k))
+    hooks = HookSet([scoped, anywhere])
+    hooks.apply()
+    try:
+        __import__(fake_pkg)
+        assert not scoped.applied and anywhere.applied
+    finally:
+        hooks.remove()

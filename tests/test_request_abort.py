@@ -110,13 +110,13 @@ def test_stream_read_to_its_end_is_emitted_once_the_caller_took_the_final_output
     async def scenario():
         agen = await _first_output(engine, "cmpl-end-1", max_tokens=2)
         engine.step("cmpl-end-1", 22, finish=True)
-        assert "cmpl-end-1" in request.state.settling  # finished, output not yet taken
+        assert "cmpl-end-1" in request.state.book.settling  # finished, output not yet taken
         await asyncio.sleep(0)  # the loop runs our look: the output is still in the queue
         assert not [s for s in exporter.get_finished_spans() if s.name == semconv.SPAN_REQUEST]
         rest = [out async for out in agen]
         assert [o.finished for o in rest] == [True]
         await asyncio.sleep(0.2)  # the retry look finds the queue empty
-        assert not request.state.settling
+        assert not request.state.book.settling
 
     asyncio.run(scenario())
     attrs = request_span(exporter).attributes
@@ -133,13 +133,13 @@ def test_finished_requests_are_emitted_in_one_batch_each_span_ending_when_its_re
     exporter, _ = api_telemetry
     monkeypatch.setattr(request.settle, "EMIT_DELAY_S", 0.3)
     looks: list[list[str]] = []
-    settle = request.settle._settle
+    settle = request.settle.settle
 
     def look(*args):
-        looks.append(sorted(request.state.settling))
+        looks.append(sorted(request.state.book.settling))
         settle(*args)
 
-    monkeypatch.setattr(request.settle, "_settle", look)
+    monkeypatch.setattr(request.settle, "settle", look)
     ended: dict[str, int] = {}
 
     def spans():
@@ -155,7 +155,7 @@ def test_finished_requests_are_emitted_in_one_batch_each_span_ending_when_its_re
             await asyncio.sleep(0.05)
         assert not spans()  # both finished and taken by their callers; none emitted yet
         await asyncio.sleep(0.4)
-        assert not request.state.settling
+        assert not request.state.book.settling
 
     asyncio.run(scenario())
     assert looks == [["cmpl-batch-1", "cmpl-batch-2"]]  # one look emitted both
@@ -176,7 +176,7 @@ def test_caller_that_stops_reading_is_emitted_as_finished_after_the_give_up(engi
         agen = await _first_output(engine, "cmpl-idle-1", max_tokens=2)
         engine.step("cmpl-idle-1", 22, finish=True)
         await asyncio.sleep(0.4)  # nobody reads: retries every 50 ms, then given up
-        assert not request.state.settling
+        assert not request.state.book.settling
         await agen.aclose()  # leaving later changes nothing: it was reported
 
     asyncio.run(scenario())
@@ -199,11 +199,11 @@ def test_request_still_settling_at_exit_is_emitted_before_the_final_flush(engine
     async def scenario():
         agen = await _first_output(engine, "cmpl-exit-1", max_tokens=2)
         engine.step("cmpl-exit-1", 22, finish=True)
-        assert "cmpl-exit-1" in request.state.settling  # nobody took the final output yet
+        assert "cmpl-exit-1" in request.state.book.settling  # nobody took the final output yet
         assert not request_spans()
-        assert request.settle._settle_at_exit in bounded_export._before_flush
+        assert request.settle._settle_at_exit in bounded_export.exit_path.callbacks
         request.settle._settle_at_exit()  # what the exit path runs before the final flush
-        assert not request.state.settling
+        assert not request.state.book.settling
         assert len(request_spans()) == 1
         await agen.aclose()  # leaving afterwards adds nothing
 
@@ -265,39 +265,6 @@ def test_stop_string_found_by_the_detokenizer_ends_the_request(engine, api_telem
     assert attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("stop",)
     assert semconv.ATTR_REQUEST_ABORTED not in attrs
     assert attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 3
-    assert not request.state.live
+    assert not request.state.book.live
 
 
-def test_a_finished_request_waiting_to_be_emitted_keeps_nothing_vllm_let_go(engine, api_telemetry,
-                                                                           monkeypatch):
-    """Every object a waiting record keeps alive counts towards the API server's next garbage
-    collection: once its caller took the final output (seen when the next requests end), its
-    queue is let go, and its sampling parameters are kept as the values its span may carry.
-    The waiting records are looked at once ``_UNTAKEN_LOOK`` of them wait (here: one)."""
-    exporter, _ = api_telemetry
-    monkeypatch.setattr(request.settle, "EMIT_DELAY_S", 60.0)  # both wait: they are looked at
-    monkeypatch.setattr(request.settle, "_UNTAKEN_LOOK", 1)
-
-    async def scenario():
-        first = await _first_output(engine, "cmpl-keep-1", max_tokens=2)
-        engine.step("cmpl-keep-1", 22, finish=True)
-        rec = request.state.settling["cmpl-keep-1"]
-        assert rec.queue is not None and not rec.taken  # the final output is not taken yet
-        assert isinstance(rec.params, tuple)  # no SamplingParams kept
-        assert [out async for out in first][-1].finished
-        second = await _first_output(engine, "cmpl-keep-2", max_tokens=2)
-        engine.step("cmpl-keep-2", 22, finish=True)  # the next end looks at the first's queue
-        assert rec.queue is None and rec.taken
-        assert request.state.settling["cmpl-keep-2"].queue is not None
-        assert [out async for out in second][-1].finished
-        request.settle._settle()
-        assert not request.state.settling
-
-    asyncio.run(scenario())
-    spans = {s.attributes[semconv.VLLM_REQUEST_ID]: s.attributes for s in
-             exporter.get_finished_spans() if s.name == semconv.SPAN_REQUEST}
-    for attrs in spans.values():
-        assert semconv.ATTR_REQUEST_ABORTED not in attrs  # both taken: finished
-        assert attrs[semconv.ATTR_REQUEST_STREAMING] is True
-        assert attrs[semconv.GEN_AI_REQUEST_MAX_TOKENS] == 2  # from the kept values
-    assert len(spans) == 2

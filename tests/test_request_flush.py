@@ -12,19 +12,10 @@ from otel_ttft.runtime.hooks.registry import HookSet
 from otel_ttft.runtime.hooks.request import flush, state
 
 
-def test_the_first_chunk_after_the_first_output_is_timed_and_later_ones_pass_straight_through(
-        monkeypatch):
+def test_the_first_chunk_after_the_first_output_is_timed():
     from starlette.responses import StreamingResponse
 
-    looks: list[str] = []
-    timed_call = flush._TimedSend.__call__
-
-    def counted(self, message):
-        looks.append(message.get("body", message["type"]))
-        return timed_call(self, message)
-
-    monkeypatch.setattr(flush._TimedSend, "__call__", counted)
-    boxes: list[flush.ResponseSend] = []
+    boxes: list[flush.FirstChunk] = []
     sent: list[tuple[bytes | None, float]] = []
 
     async def body():
@@ -32,7 +23,7 @@ def test_the_first_chunk_after_the_first_output_is_timed_and_later_ones_pass_str
         box = flush.FLUSH.get()
         boxes.append(box)
         assert box.first is None
-        box.arm()  # what the request's first output does (``RequestRecord.on_first``)
+        box.armed = True  # what the request's first output does (``api.wrap_process_outputs``)
         yield b"first"
         yield b"second"
         yield b"third"
@@ -57,10 +48,6 @@ def test_the_first_chunk_after_the_first_output_is_timed_and_later_ones_pass_str
     (box,) = boxes
     written = dict(sent)
     assert written[b"first"] <= box.first < written[b"second"]  # once the server wrote it
-    # Ours looked at the first token's chunk alone; vLLM's send took the rest, the start and the
-    # chunk written before the first output included.
-    assert looks == [b"first"]
-    assert type(box) is flush.ResponseSend  # plain again after it
 
 
 def test_an_armed_send_passes_anything_but_a_body_chunk_on_and_stays_armed():
@@ -72,17 +59,17 @@ def test_an_armed_send_passes_anything_but_a_body_chunk_on_and_stays_armed():
         seen.append(message["type"])
 
     async def run():
-        timed = flush.ResponseSend(send)
-        timed.first = None
-        timed.arm()
+        box = flush.FirstChunk()
+        timed = flush._timed(send, box)
+        box.armed = True
         await timed({"type": "http.response.trailers"})
-        assert timed.first is None and type(timed) is not flush.ResponseSend
+        assert box.first is None
         await timed({"type": "http.response.body", "body": b"x"})
-        return timed
+        return box
 
-    timed = asyncio.run(run())
+    box = asyncio.run(run())
     assert seen == ["http.response.trailers", "http.response.body"]
-    assert timed.first is not None and type(timed) is flush.ResponseSend
+    assert box.first is not None
 
 
 class _Engine:
@@ -94,123 +81,20 @@ class _Engine:
         return state.CALLER_HEADERS.get()
 
 
-def _caller_hooks(serving_module):
-    """``request.caller`` on ``_Engine`` and, given vLLM's server module, ``request.caller_server``
-    on vLLM's real ``extract_trace_headers``."""
+def test_the_caller_hook_notes_each_calls_trace_headers_in_its_task():
+    """``request.caller`` runs ahead of ``AsyncLLM.add_request`` and leaves the call's
+    ``trace_headers`` (or none) in the task's context, where ``OutputProcessor.add_request``
+    reads them."""
     import sys
 
-    engine_hooks = HookSet([replace(h, target=f"{__name__}:_Engine.add_request", applied=False)
-                            for h in request.HOOKS if h.name == "request.caller"])
-    engine_hooks.apply_to(sys.modules[__name__])
-    server_hooks = HookSet([replace(h, applied=False) for h in request.HOOKS
-                            if h.name == "request.caller_server"])
-    if serving_module is not None:
-        server_hooks.apply_to(serving_module)
-
-    def remove():
-        engine_hooks.remove(sys.modules[__name__])
-        if serving_module is not None:
-            server_hooks.remove(serving_module)
-    return remove
-
-
-def _fresh_caller_state(monkeypatch):
-    for name, value in (("caller_headers_seen", False), ("caller_headers_due", 0),
-                        ("caller_headers_due_at", 0.0), ("caller_headers_direct", False)):
-        monkeypatch.setattr(state, name, value)
-
-
-def test_vllms_server_calls_its_own_add_request_while_no_traced_request_is_on_its_way(
-        monkeypatch):
-    """In vLLM's server, an untraced ``AsyncLLM`` runs vLLM's own ``add_request`` (the caller
-    hook cost every request about 4 us); a request with a ``traceparent`` (vLLM's real
-    ``BaseServing._get_trace_headers`` calls ``extract_trace_headers`` only then) brings the hook
-    back ahead of its ``add_request``; the next untraced call neither inherits its headers nor
-    keeps the hook on."""
-    import contextvars
-
-    import pytest
-
-    serving = pytest.importorskip("vllm.entrypoints.serve.engine.serving")
-    _fresh_caller_state(monkeypatch)
-    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-    remove = _caller_hooks(serving)
-    engine = _Engine()
-
-    async def handle(headers):
-        found = await serving.BaseServing._get_trace_headers(None, headers)
-        return engine.add_request("r", "p", None, trace_headers=found)
-
-    def run():
-        seen = [asyncio.run(handle({"accept": "text/event-stream"}))]
-        hooked = ["add_request" not in vars(engine)]
-        untouched = contextvars.copy_context()
-        seen.append(asyncio.run(handle({"accept": "*/*"})))
-        seen.append(asyncio.run(handle({"traceparent": traceparent})))
-        hooked.append("add_request" not in vars(engine))
-        seen.append(engine.add_request("r", "p", None, trace_headers=None))
-        hooked.append("add_request" not in vars(engine))
-        return seen, hooked, untouched
-
+    hooks = HookSet([replace(h, target=f"{__name__}:_Engine.add_request", applied=False)
+                     for h in request.HOOKS if h.name == "request.caller"])
+    hooks.apply_to(sys.modules[__name__])
     try:
-        seen, hooked, untouched = contextvars.Context().run(run)
+        engine = _Engine()
+        traced = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
+        assert engine.add_request("a", "p", None, trace_headers=traced) == traced
+        assert engine.add_request("b", "p", None) is None  # an untraced call after it
+        assert engine.add_request("c", "p", None, None, None, None, traced) == traced
     finally:
-        remove()
-    assert seen == [None, None, {"traceparent": traceparent}, None]
-    assert hooked == [False, True, False]
-    assert state.caller_headers_due == 0 and not state.caller_headers_direct
-    assert state.CALLER_HEADERS not in untouched  # the untraced calls set nothing
-
-
-def test_a_traced_request_that_never_reaches_the_engine_is_forgotten(monkeypatch):
-    """A traced request the server refuses after reading its headers never calls
-    ``add_request``: the hook stays on only until the count gives it up."""
-    import pytest
-
-    from otel_ttft.runtime.hooks.request import caller
-
-    serving = pytest.importorskip("vllm.entrypoints.serve.engine.serving")
-    _fresh_caller_state(monkeypatch)
-    remove = _caller_hooks(serving)
-    engine = _Engine()
-    try:
-        serving.extract_trace_headers({"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"})
-        engine.add_request("r", "p", None)
-        waiting = "add_request" not in vars(engine)
-        state.caller_headers_due_at -= caller.CALLER_HEADERS_DUE_S
-        engine.add_request("r", "p", None)
-        given_up = "add_request" in vars(engine)
-    finally:
-        remove()
-    assert waiting and given_up and state.caller_headers_due == 0
-
-
-def test_an_embedding_program_keeps_the_caller_hook_on_every_call(monkeypatch):
-    """Without vLLM's server (``AsyncLLM`` called by a program of its own), nothing says when
-    a request carries trace headers: the hook stays on every call; so it does once headers
-    arrive that the server did not announce (a program beside the imported server)."""
-    import pytest
-
-    _fresh_caller_state(monkeypatch)
-    remove = _caller_hooks(None)
-    engine = _Engine()
-    try:
-        first = engine.add_request("r", "p", None, trace_headers=None)
-        assert "add_request" not in vars(engine)
-        later = engine.add_request("r", "p", None, trace_headers={"traceparent": "x"})
-    finally:
-        remove()
-    assert first is None and later == {"traceparent": "x"}
-
-    serving = pytest.importorskip("vllm.entrypoints.serve.engine.serving")
-    _fresh_caller_state(monkeypatch)
-    remove = _caller_hooks(serving)
-    engine = _Engine()
-    try:
-        direct = engine.add_request("r", "p", None, trace_headers={"traceparent": "y"})
-        engine.add_request("r", "p", None)
-        again = engine.add_request("r", "p", None, trace_headers={"traceparent": "z"})
-    finally:
-        remove()
-    assert direct == {"traceparent": "y"} and again == {"traceparent": "z"}
-    assert state.caller_headers_direct
+        hooks.remove(sys.modules[__name__])

@@ -17,6 +17,7 @@ from otel_ttft import semconv
 from otel_ttft.runtime import config, environment_variables
 from otel_ttft.runtime.hooks.request import metrics as request_metrics
 from otel_ttft.runtime.hooks.request import spans as request_spans
+from otel_ttft.runtime.hooks.request.flush import FirstChunk
 from otel_ttft.runtime.hooks.request.state import RequestRecord
 from otel_ttft.runtime.hooks.request.timeline import SCHEDULED
 
@@ -31,7 +32,8 @@ def _points(data, name):
 def _record(ext_id="cmpl-1", capture=False):
     rec = RequestRecord("req-1", ext_id, arrival=100.0)
     rec.queue, rec.streaming = object(), True  # served through a generate call
-    rec.flushed = 100.031  # the first chunk written to the client
+    rec.flush = FirstChunk()
+    rec.flush.first = 100.031  # the first chunk written to the client
     rec.texts = {0: "once upon"} if capture else None
     rec.model, rec.prompt_len, rec.out_tokens = "tiny", 12, 4
     rec.prompt = "a secret prompt" if capture else None

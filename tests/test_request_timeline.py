@@ -9,6 +9,7 @@ from otel_ttft import semconv
 from otel_ttft.runtime import clock
 from otel_ttft.runtime.hooks.request import payload
 from otel_ttft.runtime.hooks.request import spans as request_spans
+from otel_ttft.runtime.hooks.request.flush import FirstChunk
 from otel_ttft.runtime.hooks.request.payload import EnginePayload
 from otel_ttft.runtime.hooks.request.state import RequestRecord
 from otel_ttft.runtime.hooks.request.timeline import (
@@ -116,83 +117,38 @@ def test_engine_payload_round_trip():
     assert got.lora_id == 0  # EngineCore-side only: not shipped
 
 
-def test_a_usual_payload_and_record_hold_no_object_the_garbage_collector_tracks():
-    """What a record keeps lives as long as its request and its emission: a list it holds for
-    nothing would bring the API server's next garbage collection closer, every request."""
-    import gc
-
-    got = payload.decode(payload.encode(EnginePayload(123.25, 0, 0, 3, 6)))
-    assert got is not None
-    assert not gc.is_tracked(got.schedule) and not gc.is_tracked(got.compile)
-    rec = RequestRecord("r", "r", 1.0)
-    assert not gc.is_tracked(rec) and not gc.is_tracked(rec.late_preemptions)
-    # vLLM's usual first output: QUEUED and SCHEDULED; the record keeps two floats of them
-    from vllm.v1.engine import EngineCoreEvent, EngineCoreEventType, EngineCoreOutput
-
-    def events(*kinds_at):
-        return [EngineCoreEvent(EngineCoreEventType[kind], at) for kind, at in kinds_at]
-
-    rec.on_first(EngineCoreOutput("r", [7], events=events(("QUEUED", 1.1), ("SCHEDULED", 1.2))),
-                 1.5, 1.6)
-    assert (rec.queued, rec.scheduled, rec.schedule) == (1.1, 1.2, None)
-    assert rec.schedule_events() == [(SCHEDULED, 1.2)]
-    # a preemption before the first token: then a list, in engine order (late ones are events)
-    other = RequestRecord("p", "p", 1.0)
-    other.on_first(EngineCoreOutput("p", [7], events=events(
-        ("QUEUED", 1.1), ("SCHEDULED", 1.2), ("PREEMPTED", 1.3), ("SCHEDULED", 1.4))), 1.5, 1.6)
-    other.on_output(EngineCoreOutput("p", [8], events=events(("PREEMPTED", 1.7))), 1.8)
-    assert other.schedule_events() == [(SCHEDULED, 1.2), (PREEMPTED, 1.3), (SCHEDULED, 1.4)]
-    assert other.scheduled is None and other.late_preemptions == [1.7]
-
-
-def test_a_watched_request_takes_its_usual_two_events_from_vllms_stats_at_its_end():
-    """Watched on its own processor (vLLM keeps stats), the first output's usual QUEUED and
-    SCHEDULED are not read in the busy step: vLLM's stats hold the same two times, read once the
-    request ends. More events (a preemption before the first token) are read as they come, and
-    a re-admission after a late preemption changes nothing that tiles."""
+def test_a_request_reads_its_events_as_they_come_and_vllms_stats_at_its_end():
+    """The first output's QUEUED and SCHEDULED are read as they come; a re-admission after a
+    late preemption changes nothing that tiles; a request whose outputs carried no events takes
+    the usual two from vLLM's stats when it ends."""
     from types import SimpleNamespace
 
     from vllm.v1.engine import EngineCoreEvent, EngineCoreEventType, EngineCoreOutput
     from vllm.v1.metrics.stats import RequestStateStats
 
-    from otel_ttft.runtime.hooks.request import settle, state
-
     def events(*kinds_at):
         return [EngineCoreEvent(EngineCoreEventType[kind], at) for kind, at in kinds_at]
 
     rec = RequestRecord("w", "w", 1.0)
-    rec.watch = object()  # what ``api._watch`` sets: the request's logprobs processor
     rec.on_first(EngineCoreOutput("w", [7], events=events(("QUEUED", 1.1), ("SCHEDULED", 1.2))),
                  1.5, 1.6)
-    assert (rec.queued, rec.scheduled, rec.schedule) == (None, None, None)
+    assert (rec.queued, rec.schedule) == (1.1, [(SCHEDULED, 1.2)])
     rec.on_output(EngineCoreOutput("w", [8], events=events(("PREEMPTED", 1.7),
                                                             ("SCHEDULED", 1.75))), 1.8)
-    assert rec.scheduled is None and rec.late_preemptions == [1.7]
-    rec.watch = None  # its second token: ``unwatch``
+    assert rec.schedule == [(SCHEDULED, 1.2)] and rec.late_preemptions == [1.7]
     stats = RequestStateStats(num_generation_tokens=2, num_preemptions=1, queued_ts=1.1,
                               scheduled_ts=1.2, first_token_ts=1.5, last_token_ts=1.8)
-    rec.state, rec.queue = SimpleNamespace(stats=stats), SimpleNamespace(output=object())
-    try:
-        settle.end([rec], 2.0)
-    finally:
-        state.settling.pop("w", None)
-        settle._untaken.clear()
-    assert (rec.queued, rec.scheduled, rec.out_tokens) == (1.1, 1.2, 2)
-    assert rec.schedule_events() == [(SCHEDULED, 1.2)]
-    # one that ends otherwise (aborted, an engine failure) leaves ``live`` through ``forget``
-    gone = RequestRecord("a", "a", 1.0)
-    gone.watch = object()
-    gone.on_first(EngineCoreOutput("a", [7], events=events(("QUEUED", 1.1), ("SCHEDULED", 1.2))),
-                  1.5, 1.6)
-    gone.watch, gone.state = None, SimpleNamespace(stats=stats)
-    state.live["a"] = gone
-    assert state.forget("a") is gone and (gone.queued, gone.scheduled) == (1.1, 1.2)
-    # a preemption before the first token: read from the output, not from the stats
+    quiet = RequestRecord("q", "q", 1.0)
+    quiet.on_first(EngineCoreOutput("q", [7]), 1.5, 1.6)
+    quiet.state = SimpleNamespace(stats=stats)
+    quiet.read_end(2.0)
+    assert (quiet.queued, quiet.schedule, quiet.out_tokens) == (1.1, [(SCHEDULED, 1.2)], 2)
+    assert quiet.preemptions == 1 and quiet.done == 2.0
+    # a preemption before the first token: read from the output
     pre = RequestRecord("x", "x", 1.0)
-    pre.watch = object()
     pre.on_first(EngineCoreOutput("x", [7], events=events(
         ("QUEUED", 1.1), ("SCHEDULED", 1.2), ("PREEMPTED", 1.3), ("SCHEDULED", 1.4))), 1.5, 1.6)
-    assert pre.schedule_events() == [(SCHEDULED, 1.2), (PREEMPTED, 1.3), (SCHEDULED, 1.4)]
+    assert pre.schedule == [(SCHEDULED, 1.2), (PREEMPTED, 1.3), (SCHEDULED, 1.4)]
 
 
 @pytest.mark.parametrize("value", [
@@ -213,7 +169,8 @@ def test_engine_payload_garbage_reads_as_none(value):
 def _record(headers):
     rec = RequestRecord("req-1", "cmpl-1", arrival=100.0)
     rec.trace_headers, rec.streaming = headers, True
-    rec.flushed = 100.031  # the first chunk written to the client
+    rec.flush = FirstChunk()
+    rec.flush.first = 100.031  # the first chunk written to the client
     rec.model, rec.prompt_len, rec.out_tokens = "tiny", 12, 4
     rec.queued = 100.004
     rec.schedule = [(SCHEDULED, 100.010)]

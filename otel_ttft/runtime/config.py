@@ -42,8 +42,6 @@ class Config:
     """Deadline of the final flush at exit (``bounded_export``)."""
     snapshot_after_s: float = env.DEFAULT_SNAPSHOT_AFTER_S
     """Snapshot an activation span open this long; 0: never (``inflight``)."""
-    export_offload: bool = True
-    """The API server's span export runs in a child process (``telemetry.offload``)."""
     tracer_provider: Any = None
     """The provider passed to ``instrument()``; ``None``: the global one."""
     meter_provider: Any = None
@@ -75,8 +73,6 @@ class Config:
                                   env.DEFAULT_EXIT_TIMEOUT_MS, low=0.0, high=_MAX_EXIT_MS) / 1000,
             snapshot_after_s=_float(environ, env.OTEL_TTFT_SNAPSHOT_AFTER_S,
                                     env.DEFAULT_SNAPSHOT_AFTER_S, low=0.0),
-            export_offload=environ.get(env.OTEL_TTFT_EXPORT_OFFLOAD, "").strip().lower()
-            != "false",
             tracer_provider=kwargs.get("tracer_provider"),
             meter_provider=kwargs.get("meter_provider"),
         )

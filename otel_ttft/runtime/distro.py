@@ -8,19 +8,25 @@ nowhere. Defaults only: every ``OTEL_*`` variable the user sets wins, and anothe
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from opentelemetry.instrumentation.distro import BaseDistro
+from opentelemetry.sdk._configuration import _BaseConfigurator
 
-from otel_ttft.runtime.telemetry import sdk_internals
+from otel_ttft.runtime import configurator
 
 
 class OtelTTFTDistro(BaseDistro):
-    def _configure(self, **kwargs) -> None:
+    def _configure(self, **kwargs: Any) -> None:
         os.environ.setdefault("OTEL_TRACES_EXPORTER", "otlp")
         os.environ.setdefault("OTEL_METRICS_EXPORTER", "otlp")
         os.environ.setdefault("OTEL_LOGS_EXPORTER", "none")
         os.environ.setdefault("OTEL_SERVICE_NAME", "vllm")
 
 
-class OtelTTFTConfigurator(sdk_internals.sdk_configurator()):  # type: ignore[misc]
-    """The SDK's own configurator: providers and exporters from the ``OTEL_*`` settings."""
+class OtelTTFTConfigurator(_BaseConfigurator):
+    """Providers and exporters from the ``OTEL_*`` settings, with a bounded exit
+    (``runtime.configurator``)."""
+
+    def _configure(self, **kwargs: Any) -> None:
+        configurator.configure()

@@ -51,11 +51,6 @@ OTEL_TTFT_REQUEST_DETAIL_RATIO = "OTEL_TTFT_REQUEST_DETAIL_RATIO"
 """``auto``/``spans``: the share of the other requests that get their span and children (0..1;
 by the caller's trace id when it traces the request). Default: 0.01."""
 
-OTEL_TTFT_EXPORT_OFFLOAD = "OTEL_TTFT_EXPORT_OFFLOAD"
-"""``false`` keeps the API server's span export (OTLP encoding and sending) in the API server
-process; anything else, the default, hands it to a child process of its own, which exports with
-the same OTLP exporter class and ``OTEL_EXPORTER_OTLP_*`` settings (``telemetry.offload``)."""
-
 OTEL_TTFT_CLOCK_OFFSET = "OTEL_TTFT_CLOCK_OFFSET"
 """Not a setting: leave it unset. The first otel-ttft process of a tree (``otel-ttft replay``,
 the vLLM API server) sets it, ``BOOT_ID:NANOSECONDS``, for every process it starts, so that all

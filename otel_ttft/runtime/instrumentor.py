@@ -10,7 +10,7 @@ from typing import Any
 from opentelemetry.instrumentation.dependencies import DependencyConflict, get_dependency_conflicts
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
-from otel_ttft.runtime import config, ids
+from otel_ttft.runtime import config
 from otel_ttft.runtime.hooks import all_hooks
 from otel_ttft.runtime.hooks.registry import Hook, HookSet
 from otel_ttft.runtime.package import _instruments_any
@@ -43,20 +43,26 @@ class VllmTTFTInstrumentor(BaseInstrumentor):
         spans.use_tracer_provider(cfg.tracer_provider)
         metrics.reset()
         request_metrics.reset()
-        ids.install()
         self._hooks = HookSet(all_hooks())
         self._hooks.apply(disabled=disabled_hooks(self._hooks.hooks, cfg))
 
     def _uninstrument(self, **kwargs: Any) -> None:
+        """Every wrapper undone, the signal chain put back, our state forgotten; providers were
+        never changed (our processors belong to our configurator's provider)."""
+        from otel_ttft.runtime.hooks.request import metrics as request_metrics
+        from otel_ttft.runtime.hooks.request.state import book
+
         if self._hooks is not None:
             self._hooks.remove()
             from otel_ttft.runtime.hooks.switch import remove_signal_chain
 
             remove_signal_chain()
             self._hooks = None
-        ids.uninstall()
+        book.clear()
         config.configure(config.Config())
         spans.use_tracer_provider(None)
+        metrics.reset()
+        request_metrics.reset()
 
 
 def disabled_hooks(hooks: Collection[Hook], cfg: config.Config) -> set[str]:

@@ -21,7 +21,6 @@ from packaging.version import InvalidVersion, Version
 
 from otel_ttft.runtime.hooks import all_hooks
 from otel_ttft.runtime.hooks.registry import resolve
-from otel_ttft.runtime.telemetry import sdk_internals
 from otel_ttft.runtime.vllm_version import SUPPORTED, installed_vllm, is_supported
 from otel_ttft.tools import host
 
@@ -66,8 +65,8 @@ def _reachable(url: str | None, timeout_s: float = 1.0) -> bool | None:
 
 
 def _opentelemetry() -> dict[str, Any]:
-    """The installed SDK against the range our distribution declares, and the SDK internals
-    it lacks (``sdk_internals.check``: what would fall back to the SDK's own behaviour)."""
+    """The installed SDK against the range our distribution declares, and whether our
+    configurator is the one ``opentelemetry-instrument`` will run (its bounded exit)."""
     try:
         installed: str | None = version("opentelemetry-sdk")
         declared = [Requirement(r) for r in requires("otel-ttft") or ()]
@@ -79,7 +78,15 @@ def _opentelemetry() -> dict[str, Any]:
     except InvalidVersion:
         supported = False
     return {"sdk_version": installed, "supported_range": str(spec) if spec else None,
-            "supported": supported, "missing_internals": sdk_internals.check()}
+            "supported": supported, "configurator": _configurator()}
+
+
+def _configurator() -> str:
+    """Which configurator ``opentelemetry-instrument`` runs: ours unless the user picks another
+    (``OTEL_PYTHON_CONFIGURATOR``) or another distribution ships one too."""
+    chosen = os.environ.get("OTEL_PYTHON_CONFIGURATOR", "").strip()
+    found = [ep.name for ep in entry_points(group="opentelemetry_configurator")]
+    return chosen or (found[0] if len(found) == 1 else ",".join(found) or "none")
 
 
 def collect() -> dict[str, Any]:
@@ -157,10 +164,10 @@ def _render_opentelemetry(otel: dict[str, Any]) -> list[str]:
     support = ("supported" if otel["supported"]
                else f"NOT in the tested range {otel['supported_range']}")
     lines = [f"OpenTelemetry SDK: {otel['sdk_version'] or 'not installed'}; {support}"]
-    missing = otel["missing_internals"]
-    if not missing:
-        lines.append("  ok      every SDK internal otel-ttft uses is there")
-    lines.extend(f"  MISSING {name} (the SDK's own behaviour instead)" for name in missing)
+    ours = otel["configurator"] == "otel_ttft"
+    lines.append(f"  {'ok     ' if ours else 'NOTE   '} configurator: {otel['configurator']}"
+                 + ("" if ours else " (not ours: the SDK's own exit, no drop counts, no "
+                                    "in-flight snapshots)"))
     return lines
 
 

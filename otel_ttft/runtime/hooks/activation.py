@@ -70,7 +70,6 @@ def emit_process_start(kind: str, parent: otel_context.Context | None, end_ns: i
         return
     _process_start_done = True
     this_process.kind = kind
-    pipeline.attach()
     end = end_ns if end_ns is not None else clock.now_ns()
     spans.emit_span(semconv.SPAN_PROCESS_START, start_ns, end,
                     stage=semconv.STAGE_WARMUP_PROCESS_START, context=parent,
@@ -94,7 +93,6 @@ def ensure_root() -> trace.Span | None:
         if _root is not None:
             return _root
         this_process.kind = API_SERVER
-        pipeline.attach()
         start_ns = clock.process_start_ns() or clock.now_ns()
         root = spans.tracer().start_span(semconv.SPAN_ACTIVATION,
                                          context=spans.env_parent_context(), start_time=start_ns)
@@ -264,7 +262,8 @@ def on_plugin_loaded() -> None:
     if kind is None or not current.is_recording():
         return
     pipeline.StageTagger().on_start(current)  # it opened before our tagger was attached
-    emit_process_start(kind, spans.env_parent_context(), end_ns=spans.span_start_ns(current))
+    emit_process_start(kind, spans.env_parent_context(),
+                       end_ns=getattr(current, "start_time", None))
 
 
 def _wrap_busy_loop(call, instance, args, kwargs):

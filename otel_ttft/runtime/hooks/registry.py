@@ -8,8 +8,7 @@ One failure rule for every hook, sync, async, async-generator or split (:func:`g
 own exceptions pass through unchanged; the hook's first own exception is logged once, recorded as
 ``ttft.hook.error`` on the current span, and the hook is bypassed on every later call, hot paths
 included. Hooks also stand aside while instrumentation is suppressed
-(``opentelemetry.instrumentation.utils.suppress_instrumentation``), all but the request-path ones
-(:class:`Split`), which run inside vLLM's engine and output loops, never inside an exporter.
+(``opentelemetry.instrumentation.utils.suppress_instrumentation``).
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from typing import Any
 
 import wrapt
 from opentelemetry import trace
-from opentelemetry.instrumentation.utils import is_instrumentation_enabled, unwrap
+from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 
 from otel_ttft.semconv import ATTR_HOOK_ERROR
 
@@ -38,10 +37,8 @@ class Hook:
     """One wrapped vLLM call site.
 
     ``wrapper`` is a wrapt-style ``(call, instance, args, kwargs)`` function, ``async def`` for
-    coroutine targets, a :class:`Stream` subclass for async-generator targets, a :class:`Split`
-    for calls on the request path it only looks at, or a :class:`Swap` for one it hands other
-    arguments; ``call`` runs vLLM's function (once). The registry applies the one failure rule
-    to each kind alike.
+    coroutine targets, or a :class:`Stream` subclass for async-generator targets; ``call`` runs
+    vLLM's function (once). The registry applies the one failure rule to each kind alike.
     """
 
     name: str  # stable id, used by OTEL_TTFT_DISABLED_HOOKS and doctor
@@ -49,6 +46,7 @@ class Hook:
     wrapper: Any
     stage: str | None = None
     process: str = "any"  # where it fires: api_server | engine_core | worker | any
+    # (an api_server hook is not installed in vLLM's spawned engine and worker processes)
     optional: bool = False  # absent on some builds (GPU-only modules): no warning when missing
     needs: str | None = None  # a ``config.Config`` flag that must be on for it to be applied
     failed: bool = field(default=False, compare=False)
@@ -149,112 +147,6 @@ def _guard_async(hook: Hook) -> WrapperFn:
             return await wrapped(*args, **kwargs)
 
     return guarded
-
-
-PASS = object()
-"""What a :class:`Split`'s ``before`` returns when this call needs nothing more of the hook."""
-
-
-@dataclass(frozen=True)
-class Split:
-    """A hook that sees a call on vLLM's request path without changing it: one vLLM makes once
-    per engine step or more (``process_outputs``, ``Scheduler.schedule``) or once per request
-    (``OutputProcessor.add_request``). ``before(instance, args, kwargs)`` runs ahead of vLLM's
-    call and returns what ``after(token, instance, args, kwargs, result)`` needs, or
-    :data:`PASS` when there is nothing more to do (the common case); either may be ``None``. The
-    guard then calls vLLM's function itself: no call object, no extra frame, no suppression
-    check (these calls run in vLLM's engine and output loops, never inside an exporter).
-    Measured in vLLM's API server at concurrency 1 (a step per streamed token), the general
-    guard's frames cost more than the hook's own work; per request, with the caches cold there,
-    each of its frames costs a few microseconds."""
-
-    before: Callable[[Any, tuple, dict], Any] | None = None
-    after: Callable[[Any, Any, tuple, dict, Any], None] | None = None
-
-
-@dataclass(frozen=True)
-class Swap:
-    """A hook that hands vLLM's call other arguments, with the request path's lean guard (as
-    :class:`Split`): ``prepare(instance, args, kwargs)`` returns the ``(args, kwargs)`` vLLM's
-    function is then called with, or ``None`` for the call as it came; it must not change the
-    ones it was given. If it fails, the call goes on as it came."""
-
-    prepare: Callable[[Any, tuple, dict], tuple[tuple, dict] | None]
-
-
-def _guard_swap(hook: Hook) -> WrapperFn:
-    prepare = hook.wrapper.prepare
-
-    def guarded(wrapped, instance, args, kwargs):
-        if not hook.failed:
-            try:
-                swapped = prepare(instance, args, kwargs)
-            except Exception as exc:
-                report_failure(hook, exc)
-            else:
-                if swapped is not None:
-                    args, kwargs = swapped
-        return wrapped(*args, **kwargs)
-
-    return guarded
-
-
-def _guard_split(hook: Hook) -> WrapperFn:
-    before, after = hook.wrapper.before, hook.wrapper.after
-    if before is None:
-        def guarded(wrapped, instance, args, kwargs):
-            result = wrapped(*args, **kwargs)
-            if not hook.failed:
-                try:
-                    after(None, instance, args, kwargs, result)
-                except Exception as exc:
-                    report_failure(hook, exc)
-            return result
-        return guarded
-
-    def guarded(wrapped, instance, args, kwargs):  # noqa: F811 - one of two, chosen above
-        if hook.failed:
-            return wrapped(*args, **kwargs)
-        try:
-            token = before(instance, args, kwargs)
-        except Exception as exc:
-            report_failure(hook, exc)
-            return wrapped(*args, **kwargs)
-        if token is PASS or after is None:
-            return wrapped(*args, **kwargs)
-        result = wrapped(*args, **kwargs)
-        try:
-            after(token, instance, args, kwargs, result)
-        except Exception as exc:
-            report_failure(hook, exc)
-        return result
-
-    return guarded
-
-
-def bypass(instance: Any, name: str) -> None:
-    """``instance`` calls vLLM's own method ``name`` from now on, not through our wrapper: an
-    instance attribute bound to what the wrapper wraps shadows the class's. Only where the
-    class's attribute is our wrapper itself (not a subclass's override, nor another library's
-    wrapper around ours). For a per-step hook with nothing to do for a while: the wrapper's
-    frames alone cost a busy server about 3 us a step (caches cold). :func:`restore` undoes it."""
-    for klass in type(instance).__mro__:
-        if name in vars(klass):
-            attr = vars(klass)[name]
-            break
-    else:
-        return
-    guarded = getattr(attr, "_self_wrapper", None)
-    wrapped = getattr(attr, "__wrapped__", None)
-    if wrapped is not None and getattr(guarded, "__module__", None) == __name__:
-        setattr(instance, name, wrapped.__get__(instance, type(instance)))
-
-
-def restore(instance: Any, name: str) -> None:
-    """The class's wrapper again for ``instance`` (after :func:`bypass`): the hook has work."""
-    bound = vars(instance).get(name)
-    if bound is not None and getattr(bound, "__self__", None) is instance:
-        del vars(instance)[name]
 
 
 FINISHED, ABORTED, FAILED = "finished", "aborted", "failed"
@@ -374,10 +266,6 @@ async def _pass_through(hook: Hook, inner: Any, obs: Stream) -> AsyncIterator[An
 
 def guard(hook: Hook) -> WrapperFn:
     """The wrapt wrapper that applies the failure rule (and suppression) to ``hook``."""
-    if isinstance(hook.wrapper, Split):
-        return _guard_split(hook)
-    if isinstance(hook.wrapper, Swap):
-        return _guard_swap(hook)
     if isinstance(hook.wrapper, type) and issubclass(hook.wrapper, Stream):
         return _guard_stream(hook)
     if inspect.iscoroutinefunction(hook.wrapper):
@@ -414,6 +302,15 @@ def working(name: str) -> bool:
     return hook is not None and not hook.failed
 
 
+def spawned_child() -> bool:
+    """This process was started by ``multiprocessing``'s spawn (vLLM's EngineCore and workers):
+    it is not the API server. Read from the command line, which is set before any plugin runs
+    (``multiprocessing`` names the process only later)."""
+    import sys
+
+    return "--multiprocessing-fork" in sys.argv
+
+
 class HookSet:
     """Applies hooks lazily on import, and undoes them on uninstrument."""
 
@@ -423,8 +320,9 @@ class HookSet:
 
     def apply(self, disabled: set[str] = frozenset()) -> None:
         self.active = True
+        child = spawned_child()
         for hook in self.hooks:
-            if hook.name in disabled:
+            if hook.name in disabled or (child and hook.process == "api_server"):
                 continue
             wrapt.register_post_import_hook(self._patcher(hook), hook.module)
 
@@ -475,8 +373,9 @@ class HookSet:
                 owner, attr = attr.rsplit(".", 1)
                 for part in owner.split("."):
                     parent = getattr(parent, part, None)
-            if parent is not None:
-                unwrap(parent, attr)
+            current = vars(parent).get(attr) if parent is not None else None
+            if isinstance(current, wrapt.FunctionWrapper):  # the descriptor as it was, a
+                setattr(parent, attr, current.__wrapped__)  # ``staticmethod`` included
             hook.applied = False
             if applied.get(hook.name) is hook:
                 del applied[hook.name]

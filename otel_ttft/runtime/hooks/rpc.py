@@ -5,8 +5,6 @@ later asks of it (profile run, KV allocation, warm-up, sleep/wake) would hang of
 For the few start-up methods (never ``execute_model``) we send, instead of the method name, a small
 picklable callable that carries the caller's traceparent and runs the same method under it. The
 worker needs nothing of ours installed to run it: vLLM's own ``run_method`` calls callables.
-Once the per-step RPCs begin, the executor calls vLLM's own ``collective_rpc``
-(``registry.bypass``); sleep, wake-up and adapter loads bring the wrapper back for their RPC.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from otel_ttft.runtime.hooks.registry import Hook, bypass, restore
+from otel_ttft.runtime.hooks.registry import Hook
 from otel_ttft.semconv import PROCESS_ENGINE_CORE as ENGINE_CORE
 
 # Start-up and activation methods only: the hot path (execute_model, sample_tokens) is untouched.
@@ -53,34 +51,18 @@ class TracedCall:
         return self.method
 
 
-# Per engine step, twice: once these reach an executor, it calls vLLM's own ``collective_rpc``.
-HOT_RPC_METHODS = frozenset({"execute_model", "sample_tokens"})
-
-
 def _wrap_collective_rpc(call, instance, args, kwargs):
     method = args[0] if args else kwargs.get("method")
     if not isinstance(method, str):
         return call(*args, **kwargs)
-    if method in TRACED_RPC_METHODS:
-        if trace.get_current_span().get_span_context().is_valid:
-            carrier: dict[str, str] = {}
-            TraceContextTextMapPropagator().inject(carrier)
-            traced = TracedCall(method, carrier)
-            if args:
-                args = (traced,) + tuple(args[1:])
-            else:
-                kwargs = {**kwargs, "method": traced}
-    elif method in HOT_RPC_METHODS and instance is not None:
-        # Start-up is over: a wrapper with nothing to do on the two RPCs of every step cost
-        # EngineCore about 9 us each (caches cold), some 300 us a request at concurrency 1.
-        bypass(instance, "collective_rpc")
-    return call(*args, **kwargs)
-
-
-def _wrap_activation_rpc(call, instance, args, kwargs):
-    """``Executor.sleep``/``wake_up``/``add_lora`` after start-up: the RPC each makes goes through
-    ``_wrap_collective_rpc`` again (the next step's RPC stands it aside once more)."""
-    restore(instance, "collective_rpc")
+    if method in TRACED_RPC_METHODS and trace.get_current_span().get_span_context().is_valid:
+        carrier: dict[str, str] = {}
+        TraceContextTextMapPropagator().inject(carrier)
+        traced = TracedCall(method, carrier)
+        if args:
+            args = (traced,) + tuple(args[1:])
+        else:
+            kwargs = {**kwargs, "method": traced}
     return call(*args, **kwargs)
 
 
@@ -89,7 +71,4 @@ COLLECTIVE_RPC = Hook(
     "vllm.v1.executor.multiproc_executor:MultiprocExecutor.collective_rpc",
     _wrap_collective_rpc, process=ENGINE_CORE)
 
-_EXECUTOR = "vllm.v1.executor.abstract:Executor"
-HOOKS = [COLLECTIVE_RPC,
-         *(Hook(f"rpc.parent_context.{method}", f"{_EXECUTOR}.{method}", _wrap_activation_rpc,
-                process=ENGINE_CORE) for method in ("sleep", "wake_up", "add_lora"))]
+HOOKS = [COLLECTIVE_RPC]

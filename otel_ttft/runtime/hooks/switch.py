@@ -94,18 +94,15 @@ class _Eviction:
 def engine_processes() -> list[Any]:
     """This process's descendants that hold the engine: EngineCore, workers, their helpers.
 
-    multiprocessing's resource tracker lives as long as we do, and our own span export process
-    (``telemetry.offload``) until our final flush, so neither is waited for.
+    multiprocessing's resource tracker lives as long as we do, so it is not waited for.
     """
     import psutil  # a vLLM dependency; imported only when a switch starts
-
-    from otel_ttft.runtime.telemetry.offload import SIDECAR_MODULE
 
     found = []
     for proc in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
             cmdline = " ".join(proc.cmdline())
-            if "resource_tracker" not in cmdline and SIDECAR_MODULE not in cmdline:
+            if "resource_tracker" not in cmdline:
                 found.append(proc)
     return found
 

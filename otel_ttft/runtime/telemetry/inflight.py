@@ -35,7 +35,7 @@ from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
 from otel_ttft import semconv
 from otel_ttft.runtime import clock, config, state_files
 from otel_ttft.runtime.context import process as this_process
-from otel_ttft.runtime.telemetry import bounded_export, sdk_internals, spans
+from otel_ttft.runtime.telemetry import bounded_export, spans
 from otel_ttft.runtime.telemetry import metrics as telemetry_metrics
 
 logger = logging.getLogger("otel_ttft")
@@ -71,25 +71,15 @@ def _is_activation_stage(stage: str | None) -> bool:
     return stage is not None and semconv.stage_family(stage) in _ACTIVATION_FAMILIES
 
 
-class LocalProcessor(SpanProcessor):
-    """A processor of ours that looks at spans and exports nothing (snapshots skip it)."""
-
-    def ignores_start(self, name: str) -> bool:
-        """Whether ``on_start`` (and any ``ending``) does nothing for a span of this name
-        (``telemetry.finished`` then makes such spans finished, without a start)."""
-        return False
-
-    def ignores_end(self, name: str) -> bool:
-        """Whether ``on_end`` does nothing for a span of this name (``telemetry.finished`` may
-        then hand such spans to the batch processor encoded, never as ``ReadableSpan``)."""
-        return False
-
-
-class InflightTracker(LocalProcessor):
-    """Keeps this process's open activation spans (SDK spans, by span id)."""
+class InflightTracker(SpanProcessor):
+    """Keeps this process's open activation spans (SDK spans, by span id). Ahead of every
+    exporting processor on our configurator's provider: a span's end reaches it first, and waits
+    for a snapshot being sent (``export_snapshot``), so a snapshot is never queued after the span
+    it copies."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self.sending = threading.Lock()  # held while snapshots are queued
         self._open: dict[int, Any] = {}
         self._publish = True
 
@@ -101,12 +91,6 @@ class InflightTracker(LocalProcessor):
             self._open[span.get_span_context().span_id] = span
         self.publish()
 
-    def ignores_start(self, name: str) -> bool:
-        return name not in ACTIVATION_SPAN_NAMES
-
-    def ignores_end(self, name: str) -> bool:
-        return name not in ACTIVATION_SPAN_NAMES
-
     def restaged(self, span: Any) -> None:
         """A tracked span got its stage after it started: the published chain must say it."""
         if getattr(span, "name", None) in ACTIVATION_SPAN_NAMES \
@@ -116,7 +100,7 @@ class InflightTracker(LocalProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         if span.name not in ACTIVATION_SPAN_NAMES:
             return
-        with self._lock:
+        with self.sending, self._lock:
             found = self._open.pop(span.context.span_id, None)
         if found is None:
             return
@@ -183,14 +167,14 @@ def tracker() -> InflightTracker | None:
     return _tracker
 
 
-def install(provider: Any) -> None:
-    """Attach the tracker to the SDK provider, and start what watches it; once per process."""
+def install() -> InflightTracker:
+    """This process's tracker, made (and what watches it started) once; our configurator adds it
+    to the provider it builds (``pipeline.add_local_processors``)."""
     global _tracker
     with _install_lock:
-        if _tracker is not None or not hasattr(provider, "add_span_processor"):
-            return
+        if _tracker is not None:
+            return _tracker
         _tracker = InflightTracker()
-        provider.add_span_processor(_tracker)
         spans.set_staged_listener(_tracker.restaged)
         # vLLM opened its process's outer span ("Worker init", "EngineCoreProc init") before
         # plugins load: adopt it, so the open chain reaches the parent process's span.
@@ -203,6 +187,7 @@ def install(provider: Any) -> None:
     _install_fatal_signal_handlers()
     bounded_export.before_flush(_end_open_at_exit)
     atexit.register(_forget_published)
+    return _tracker
 
 
 def _end_open_at_exit() -> None:
@@ -253,18 +238,18 @@ def _register_gauge() -> None:
 
 # --- snapshots on a deadline ---
 def _start_snapshots() -> None:
-    after = config.current.snapshot_after_s  # OTEL_TTFT_SNAPSHOT_AFTER_S
-    if after <= 0:
-        return
-    threading.Thread(target=_snapshot_loop, args=(after,), name="otel-ttft-snapshot",
-                     daemon=True).start()
+    threading.Thread(target=_snapshot_loop, name="otel-ttft-snapshot", daemon=True).start()
 
 
-def _snapshot_loop(after: float) -> None:
-    tick = min(max(after / 2, 0.2), 5.0)
+def _snapshot_loop() -> None:
+    """``OTEL_TTFT_SNAPSHOT_AFTER_S`` is read at every tick: the configurator installs the
+    tracker before the instrumentor reads the settings."""
     last = 0.0
     while True:
-        time.sleep(tick)
+        after = config.current.snapshot_after_s
+        time.sleep(min(max(after / 2, 0.2), 5.0) if after > 0 else 5.0)
+        if after <= 0:
+            continue
         try:
             span = _tracker.innermost() if _tracker is not None else None
             if span is None:
@@ -279,15 +264,9 @@ def _snapshot_loop(after: float) -> None:
             logger.debug("otel-ttft snapshot failed", exc_info=True)
 
 
-def _exporting_processors() -> list[Any]:
-    """The processors of the provider in force that send spans somewhere (not our taggers and
-    trackers)."""
-    procs = sdk_internals.span_processors(config.tracer_provider()) or ()
-    return [p for p in procs if not isinstance(p, LocalProcessor)]
-
-
 def _send(readable: ReadableSpan) -> None:
-    for proc in _exporting_processors():
+    """Straight to the processors that export (our configurator's; none for another provider)."""
+    for proc in bounded_export.exporting_processors():
         with contextlib.suppress(Exception):
             proc.on_end(readable)
 
@@ -295,15 +274,15 @@ def _send(readable: ReadableSpan) -> None:
 def export_snapshot() -> int:
     """A finished copy of every open activation span, marked unfinished; returns how many.
 
-    Each copy is queued under the span's own lock after checking it is still open, so the real
-    span, if it ends meanwhile, is always queued after its copy (stores keep the last copy).
-    """
-    if _tracker is None:
+    Queued while holding the tracker's ``sending`` lock, which a span's end takes before it
+    reaches the exporting processors: the real span is always queued after its copy (stores
+    keep the last copy)."""
+    if _tracker is None or not bounded_export.exporting_processors():
         return 0
     now = clock.now_ns()
     sent = 0
-    for span in _tracker.open_spans():
-        with sdk_internals.span_lock(span):
+    with _tracker.sending:
+        for span in _tracker.open_spans():
             if span.end_time is not None:
                 continue
             _send(ReadableSpan(
@@ -344,6 +323,8 @@ def end_dead_child_spans(chain: list[dict], reason: str) -> int:
     now = clock.now_ns()
     resource = getattr(config.tracer_provider(), "resource", None)
     sent = 0
+    if not bounded_export.exporting_processors():
+        return 0  # a provider we did not build: nothing to send them through
     for item in reversed(chain):
         try:
             trace_id, span_id = int(item["trace_id"], 16), int(item["span_id"], 16)

@@ -1,89 +1,90 @@
-"""What we attach to the tracer provider in force (the one given to ``instrument()``, else the
-global one), once per provider: the stage tagger (builds on vLLM's own start-up spans and feeds
-the stage metrics), the in-flight tracker, and bounded export. Attached lazily, at the first span
-of ours: vLLM may install its provider after the plugin loaded."""
+"""The span processors our configurator puts first on the tracer provider it builds: the stage
+tagger (builds on vLLM's own start-up spans and feeds the stage metrics) and the in-flight tracker
+(``inflight``). A provider we did not build gets neither: instrumenting never changes a provider's
+processors, so uninstrumenting leaves it as it was."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.trace import Span
 
 from otel_ttft import semconv
-from otel_ttft.runtime import clock, config
+from otel_ttft.runtime import clock
 from otel_ttft.runtime.context import process as this_process
-from otel_ttft.runtime.telemetry import bounded_export, inflight, metrics, sdk_internals
+from otel_ttft.runtime.telemetry import inflight, metrics
+
+_ACTIVATION_FAMILIES = (semconv.STAGE_LOAD, semconv.STAGE_WARMUP, semconv.STAGE_SWITCH)
 
 
-class StageTagger(sdk_internals.EndingHook, inflight.LocalProcessor):
-    """Tags vLLM's own start-up spans with ``ttft.stage`` as they open, puts their times on our
-    clock, and feeds stage metrics.
+class StageTagger(SpanProcessor):
+    """Tags vLLM's own start-up spans with ``ttft.stage`` as they open and feeds the stage
+    metrics as any staged span ends: one dict lookup per span start, and how we build on vLLM's
+    spans instead of duplicating them.
 
-    One dict lookup per span start; it is how we build on vLLM's spans instead of duplicating them.
-    vLLM stamps them with the wall clock (the SDK's default, ``time.time()``), ours with the
-    monotonic one: after a wall-clock step the two differ by seconds, so each time is moved as
-    it is taken (``clock.from_wall_ns``), and our spans nest in theirs whatever the wall clock did.
-    """
+    vLLM stamps its spans with the wall clock, ours with the monotonic one: after a wall-clock
+    step the two differ by seconds. The step is noted as each time is taken (``clock``), and our
+    exporter wrapper moves the span onto our clock on its way out (``restamp``), so our spans
+    nest in vLLM's whatever the wall clock did."""
+
+    def __init__(self) -> None:
+        self.shifts: dict[int, list[int]] = {}  # span id -> [start shift, end shift], in ns
+
+    def _shift(self, span: Any, index: int, wall_ns: int | None) -> None:
+        if wall_ns is None or not _made_by_vllm(span):
+            return
+        shift = clock.from_wall_ns(wall_ns) - wall_ns
+        if shift:  # zero unless the wall clock stepped since our offset was measured
+            if len(self.shifts) > 10_000:  # spans that never reached an exporter
+                self.shifts.clear()
+            self.shifts.setdefault(span.get_span_context().span_id, [0, 0])[index] = shift
 
     def on_start(self, span: Span, parent_context: Any = None) -> None:
         stage = semconv.VLLM_SPAN_STAGES.get(span.name)
         if stage is not None and span.is_recording():
-            if _made_by_vllm(span):
-                sdk_internals.restamp_start(span, clock.from_wall_ns(span.start_time))
+            self._shift(span, 0, getattr(span, "start_time", None))
             span.set_attribute(semconv.ATTR_STAGE, stage)
             if this_process.kind:
                 span.set_attribute(semconv.ATTR_PROCESS_KIND, this_process.kind)
 
-    def ending(self, span: Span) -> None:
-        if span.name in semconv.VLLM_SPAN_STAGES and span.end_time is not None \
-                and _made_by_vllm(span):
-            sdk_internals.restamp_end(span, clock.from_wall_ns(span.end_time))
-
-    def ignores_start(self, name: str) -> bool:
-        return name not in semconv.VLLM_SPAN_STAGES
-
-    def ignores_end(self, name: str) -> bool:
-        """The request span carries its stages as seconds, never a ``ttft.stage``."""
-        return name == semconv.SPAN_REQUEST
+    def restamp(self, span: ReadableSpan) -> ReadableSpan:
+        """``span`` on our clock, if it is a vLLM span whose times the wall clock moved."""
+        shift = self.shifts.pop(span.context.span_id, None) if self.shifts else None
+        if shift is None:
+            return span
+        return ReadableSpan(
+            name=span.name, context=span.context, parent=span.parent, resource=span.resource,
+            attributes=span.attributes, events=span.events, links=span.links, kind=span.kind,
+            status=span.status, start_time=(span.start_time or 0) + shift[0],
+            end_time=(span.end_time or 0) + shift[1],
+            instrumentation_scope=span.instrumentation_scope)
 
     def on_end(self, span: ReadableSpan) -> None:
+        if span.name in semconv.VLLM_SPAN_STAGES:
+            self._shift(span, 1, span.end_time)
         attrs = span.attributes or {}
         stage = attrs.get(semconv.ATTR_STAGE)
         if stage is None or span.end_time is None or span.start_time is None:
             return
-        if semconv.stage_family(str(stage)) in (semconv.STAGE_LOAD, semconv.STAGE_WARMUP,
-                                                semconv.STAGE_SWITCH):
+        if semconv.stage_family(str(stage)) in _ACTIVATION_FAMILIES:
             metrics.record_activation_stage(str(stage), (span.end_time - span.start_time) / 1e9,
                                             this_process.served_model, span.context.trace_id,
                                             attrs.get(semconv.ATTR_COMPILE_CACHE_HIT))
-
-    def shutdown(self) -> None:
-        pass
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return True
 
 
 def _made_by_vllm(span: Any) -> bool:
     """A span of vLLM's tracers (scope ``vllm.*``, its times on the wall clock); where vLLM has
     none we open spans of the same names, on our clock."""
-    scope = getattr(span, "instrumentation_scope", None)
-    name = getattr(scope, "name", "") or ""
+    name = getattr(getattr(span, "instrumentation_scope", None), "name", "") or ""
     return name == "vllm" or name.startswith("vllm.")
 
 
-_attached: set[int] = set()
-
-
-def attach() -> None:
-    """Attach the StageTagger, the in-flight tracker and bounded export to the SDK tracer provider
-    in force, once per provider (a proxy or API-only provider is left alone); bounded export
-    takes the meter provider in force too."""
-    provider = config.tracer_provider()
-    if id(provider) in _attached or not hasattr(provider, "add_span_processor"):
-        return
-    _attached.add(id(provider))
-    provider.add_span_processor(StageTagger())
-    inflight.install(provider)
-    bounded_export.harden(provider, config.meter_provider())
+def add_local_processors(provider: Any) -> StageTagger:
+    """The stage tagger and this process's in-flight tracker, ahead of any exporting processor
+    (so a snapshot of a span is always queued before the span itself: ``inflight``); returns
+    the tagger, whose ``restamp`` the exporters apply."""
+    tagger = StageTagger()
+    provider.add_span_processor(tagger)
+    provider.add_span_processor(inflight.install())
+    return tagger

@@ -37,21 +37,6 @@ def use_tracer_provider(provider: trace.TracerProvider | None) -> None:
     _tracer = trace.get_tracer("otel_ttft", __version__, tracer_provider=provider)
 
 
-_provider_setup: Callable[[], None] | None = None
-
-
-def set_provider_setup(setup: Callable[[], None]) -> None:
-    """What ``stage_span`` runs before each span: ``pipeline.attach`` (our processors on the
-    installed provider, once per provider), registered by the telemetry package."""
-    global _provider_setup
-    _provider_setup = setup
-
-
-def ensure_provider_setup() -> None:
-    if _provider_setup is not None:
-        _provider_setup()
-
-
 def _initial_environ() -> dict[str, str]:
     """The environment this process was exec'd with.
 
@@ -119,7 +104,6 @@ def stage_span(name: str, stage: str | None, *, enrich: str | None = None,
     If vLLM already has its span ``enrich`` open around us, that span is the stage: we add our
     attributes to it. Otherwise we open ours, on the one clock, as the current span.
     """
-    ensure_provider_setup()
     current = trace.get_current_span()
     if enrich is not None and current.is_recording() and getattr(current, "name", None) == enrich:
         tag_span(current, stage, attributes)
@@ -150,8 +134,3 @@ def emit_span(name: str, start_ns: int, end_ns: int, *, stage: str | None = None
     tag_span(span, stage, attributes)
     span.end(end_time=max(end_ns, start_ns))
     return span
-
-
-def span_start_ns(span: Span) -> int | None:
-    """Start time of an SDK span, or None for non-recording ones."""
-    return getattr(span, "start_time", None)

@@ -1,84 +1,31 @@
 """The request path: one span per request whose stage children tile its server-side TTFT, built
-after the fact from timestamps vLLM already records.
+after the fact from timestamps vLLM already records (``docs/architecture.md`` walks one request).
 
-Lifecycle of one request, hook by hook (``HOOKS`` below, in this order):
+API process (``api``, ``ends``, ``flush``, ``first_use``):
 
-API process (``api``, ``caller``):
+- ``request.flush``: starlette's ``StreamingResponse.stream_response`` writes through a ``send``
+  that timestamps the chunk carrying the first token.
+- ``request.caller``: ``AsyncLLM.add_request``, the caller's ``trace_headers`` (vLLM drops them
+  unless its own tracing is on).
+- ``request.add``: ``OutputProcessor.add_request``, the record (``state.RequestRecord``).
+- ``request.generate``: ``AsyncLLM.generate``, only with content capture opted in.
+- ``request.outputs``: ``OutputProcessor.process_outputs``, the first two outputs of each
+  request (first token, EngineCore's payload, events, second token).
+- ``request.finish`` / ``request.abort`` / ``request.error`` / ``request.vllm_span``: the ways a
+  request ends; ``settle`` emits it (``spans``: the tree; ``metrics``: TTFT and time per stage;
+  ``detail``: which requests get a span).
 
-- ``request.flush`` -- starlette's ``StreamingResponse.stream_response``: when the chunk carrying
-  the first token was written to the client.
-- ``request.caller_server`` -- ``extract_trace_headers`` in vLLM's server (``BaseServing``),
-  called only for a request that carries trace headers: counts it on its way to the engine.
-- ``request.caller`` -- ``AsyncLLM.add_request``: the caller's ``trace_headers``
-  (``traceparent``), which vLLM drops unless its own tracing is on. In vLLM's server, vLLM's
-  own method runs instead while no traced request is on its way (``registry.bypass``).
-- ``request.add`` -- ``OutputProcessor.add_request``: the record, with vLLM's arrival time, prompt
-  size, sampling parameters, LoRA adapter and activation (cold/warm) bookkeeping. ``generate``
-  calls it in the HTTP response's task, so the current context is the caller's (the server span,
-  if any; else the caller's ``traceparent``) and the response that
-  streams it is known.
-- ``request.generate`` -- ``AsyncLLM.generate``, applied only with content capture opted in (the
-  output text per choice); otherwise vLLM's ``generate`` is not wrapped at all.
-- ``request.outputs`` -- the first output's engine timestamp, QUEUED/SCHEDULED/PREEMPTED events
-  and the EngineCore payload; the second token's time. Seen on the request's own
-  ``LogprobsProcessor.update_from_output`` (``api.FirstOutputs``, an instance attribute set by
-  ``request.add`` and removed at its second token or its end): no frame of ours a step, only
-  for that request's first outputs. Where that is not possible (vLLM's stats logging off, a
-  pooling request, no ``request.finish``), ``OutputProcessor.process_outputs`` (hot) looks at
-  every output of a step while such a request waits (``state.fresh``); while none waits, vLLM's
-  own method runs without our wrapper (``registry.bypass``).
-- ``request.finish`` -- ``OutputProcessor._update_stats_from_finished``: a request ended (its
-  final output, or a stop string its detokenizer found); output tokens and preemptions are read
-  once, from vLLM's state.
-- ``request.abort`` / ``request.error`` -- ``abort_requests``, ``propagate_error``: requests that
-  end otherwise. An offline (``LLMEngine``)
-  request is emitted when it finishes; one a ``generate`` call consumes once that call took its
-  final output from the queue (looked at on the event loop right after), or, if the caller left
-  first (vLLM aborts on the way out), as aborted: no request is left unreported.
-- ``request.vllm_span`` -- ``OutputProcessor.do_tracing``: when vLLM's own tracing is on, its
-  ``llm_request`` is not emitted; its attributes are carried by ours (one span per request).
-- ``request.first_use.*`` -- what the front end's ``lru_cache`` functions run on a miss
-  (logits-processor plugin discovery, chat template compile): a fill inside a request's front
-  end is its ``warmup.first_use`` (``first_use``).
-
-EngineCore (``engine``; counts, never builds spans): ``request.engine_arrival`` (queue depth and
-KV blocks at arrival), ``request.admission_attempt`` (prefix-cache lookups = admission attempts),
-``request.admission`` / ``request.preempt`` (schedule times when vLLM records no events),
-``request.engine_output`` (ships the ``payload`` with the request's first output),
-``request.engine_finish`` (forgets requests that end before any output).
-
-Worker (``worker``): ``request.adapter_load`` (an adapter loaded inside a step; compiles inside a
-step are timed by ``warmup.compile``, the one ``monitor_torch_compile`` wrapper) and
-``request.warmup_ship`` (hands those times to EngineCore with the step's output).
-
-Modules: ``api`` (API-process hooks: the record, its outputs, its end), ``caller`` (the caller's
-trace headers), ``settle`` (a request's end and the batched emission), ``ends`` (abort, engine
-failure, vLLM's own span), ``flush`` (the first token's chunk on its way out), ``first_use``
-(front-end cache fills), ``engine`` (EngineCore hooks), ``worker`` (adapter/compile/output hooks),
-``payload`` (EngineCore -> API payload), ``state`` (per-request state), ``timeline`` (the tiling
-rule), ``detail`` (which requests get a span), ``spans`` (the span tree), ``remote`` (a request
-span built in the API server's export process), ``attributes`` (the request span's attributes),
-``metrics`` (the TTFT histogram and time per stage), ``histogram`` (TTFT samples written into the
-SDK's own aggregation).
+EngineCore (``engine``; counts, never builds spans): queue depth and KV blocks at arrival,
+admission attempts, schedule times when vLLM records no events, and the ``payload`` shipped with
+each request's first output. Worker (``worker``): warm-up paid inside a step (an adapter load, a
+compile), handed to EngineCore with the step's output.
 """
 
 from __future__ import annotations
 
 from otel_ttft import semconv
 from otel_ttft.runtime.hooks.registry import Hook
-from otel_ttft.runtime.hooks.request import engine, first_use, worker
-from otel_ttft.runtime.hooks.request.api import (
-    FINISH_HOOK,
-    OUTPUTS_HOOK,
-    CaptureText,
-    wrap_add_request,
-)
-from otel_ttft.runtime.hooks.request.caller import SERVER_HEADERS_HOOK, wrap_engine_add_request
-from otel_ttft.runtime.hooks.request.ends import (
-    wrap_abort_requests,
-    wrap_do_tracing,
-    wrap_propagate_error,
-)
+from otel_ttft.runtime.hooks.request import api, ends, engine, first_use, worker
 from otel_ttft.runtime.hooks.request.flush import wrap_stream_response
 
 API_SERVER, ENGINE_CORE, WORKER = semconv.PROCESS_KINDS
@@ -88,17 +35,19 @@ HOOKS: list[Hook] = [
     Hook("request.flush", "starlette.responses:StreamingResponse.stream_response",
          wrap_stream_response, stage=semconv.STAGE_FRONTEND, process=API_SERVER,
          optional=True),
-    SERVER_HEADERS_HOOK,
     Hook("request.caller", "vllm.v1.engine.async_llm:AsyncLLM.add_request",
-         wrap_engine_add_request, process=API_SERVER),
-    Hook("request.add", f"{_OP}.add_request", wrap_add_request, process=API_SERVER),
-    Hook("request.generate", "vllm.v1.engine.async_llm:AsyncLLM.generate", CaptureText,
+         api.wrap_engine_add_request, process=API_SERVER),
+    Hook("request.add", f"{_OP}.add_request", api.wrap_add_request, process=API_SERVER),
+    Hook("request.generate", "vllm.v1.engine.async_llm:AsyncLLM.generate", api.CaptureText,
          process=API_SERVER, needs="capture_content"),
-    OUTPUTS_HOOK,
-    FINISH_HOOK,
-    Hook("request.abort", f"{_OP}.abort_requests", wrap_abort_requests, process=API_SERVER),
-    Hook("request.error", f"{_OP}.propagate_error", wrap_propagate_error, process=API_SERVER),
-    Hook("request.vllm_span", f"{_OP}.do_tracing", wrap_do_tracing, process=API_SERVER),
+    Hook("request.outputs", f"{_OP}.process_outputs", api.wrap_process_outputs,
+         process=API_SERVER),
+    Hook("request.finish", f"{_OP}._update_stats_from_finished", api.wrap_finished,
+         process=API_SERVER),
+    Hook("request.abort", f"{_OP}.abort_requests", ends.wrap_abort_requests, process=API_SERVER),
+    Hook("request.error", f"{_OP}.propagate_error", ends.wrap_propagate_error,
+         process=API_SERVER),
+    Hook("request.vllm_span", f"{_OP}.do_tracing", ends.wrap_do_tracing, process=API_SERVER),
     *first_use.HOOKS,
     Hook("request.engine_arrival", f"{_SCHED}.add_request",
          engine.wrap_scheduler_add_request, stage=semconv.STAGE_QUEUE,
@@ -118,4 +67,3 @@ HOOKS: list[Hook] = [
     Hook("request.warmup_ship", "vllm.v1.executor.multiproc_executor:WorkerProc.enqueue_output",
          worker.wrap_enqueue_output, stage=semconv.STAGE_WARMUP_ADAPTER, process=WORKER),
 ]
-

@@ -5,7 +5,6 @@ compile and activation bookkeeping, and content only when capture is opted in.""
 from __future__ import annotations
 
 import json
-from operator import attrgetter
 from typing import Any
 
 from otel_ttft import semconv
@@ -27,24 +26,6 @@ _PARAMS = (
     ("seed", semconv.GEN_AI_REQUEST_SEED, None),
     ("n", semconv.GEN_AI_REQUEST_CHOICE_COUNT, 1),
 )
-
-
-PARAM_GETTER = attrgetter(*(name for name, _, _ in _PARAMS))
-"""``param_values`` of vLLM's own ``SamplingParams``, one C call (raises ``AttributeError`` on
-anything else: then ``param_values``)."""
-
-
-def param_values(params: Any) -> tuple[Any, ...] | None:
-    """The ``_PARAMS`` values of vLLM's ``SamplingParams``, in one tuple: what a finished
-    request keeps of them while it waits to be emitted. The ``SamplingParams`` (and the lists it
-    holds) would otherwise outlive the request by the emission delay, and every object a
-    waiting record keeps alive counts towards the API server's next garbage collection."""
-    if params is None or isinstance(params, tuple):
-        return params
-    try:
-        return PARAM_GETTER(params)
-    except AttributeError:  # not vLLM's (a stand-in, another version)
-        return tuple(getattr(params, name, None) for name, _, _ in _PARAMS)
 
 
 def span_attributes(rec: RequestRecord, eng: EnginePayload | None, ttft: float | None,
@@ -104,8 +85,8 @@ def _attributes(rec: RequestRecord, eng: EnginePayload | None, ttft: float | Non
         attrs[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = rec.cached
     params = rec.params
     if params is not None:
-        values = params if isinstance(params, tuple) else param_values(params)
-        for (_, key, unset), value in zip(_PARAMS, values, strict=True):
+        for name, key, unset in _PARAMS:
+            value = getattr(params, name, None)
             if value is not None and isinstance(value, (int, float)) and value != -1 \
                     and value != unset:
                 attrs[key] = value
@@ -113,7 +94,7 @@ def _attributes(rec: RequestRecord, eng: EnginePayload | None, ttft: float | Non
         attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = [str(rec.finish)]
     if ttft is not None:
         attrs[semconv.ATTR_REQUEST_TTFT] = ttft
-    if rec.queue is not None or rec.taken:  # served through a ``generate`` call
+    if rec.queue is not None:  # served through a ``generate`` call
         attrs[semconv.ATTR_REQUEST_STREAMING] = rec.streaming
     if rec.aborted:
         attrs[semconv.ATTR_REQUEST_ABORTED] = True

@@ -19,8 +19,11 @@ still has the last word on every span. Settings: ``config.current`` (``request_d
 
 from __future__ import annotations
 
+import os
+import random
+
 from otel_ttft import semconv
-from otel_ttft.runtime import config, ids
+from otel_ttft.runtime import config
 
 _TAIL_WINDOW = 256
 _TAIL_EVERY = 32  # the tail threshold is re-read from the window every this many requests
@@ -58,6 +61,7 @@ class _Tail:
 
 
 _tails: dict[str | None, _Tail] = {}
+_draw = random.Random(os.urandom(16))  # vLLM seeds the global ``random``
 
 
 def reason(*, cold: bool, ttft: float | None, failed: bool, model: str | None) -> str | None:
@@ -92,7 +96,7 @@ def sampled(trace_id: int | None) -> bool:
     if s.request_detail not in (semconv.DETAIL_AUTO, semconv.DETAIL_SPANS) or not s.detail_ratio:
         return False
     if trace_id is None:
-        return ids.chance(s.detail_ratio)
+        return _draw.random() < s.detail_ratio
     return (trace_id % _RATIO_BITS) < s.detail_ratio * _RATIO_BITS
 
 

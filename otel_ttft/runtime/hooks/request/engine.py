@@ -6,8 +6,7 @@ the head of its waiting queue: a fresh or preempted request that then fails to g
 looked up again next step); and, only when vLLM's stats logging is off, the queued/scheduled/
 preempted times vLLM would otherwise record as events. Admissions that found no blocks are then
 attempts minus admissions, computed in the API process. Per step the hooks cost a dict lookup per
-output while some request is between arrival and its first output, and nothing otherwise: the
-scheduler then calls vLLM's own methods (``registry.bypass``).
+output while some request is between arrival and its first output, and a truth test otherwise.
 
 These ride back to the API process as the ``payload`` of the request's first ``EngineCoreOutput``.
 
@@ -24,7 +23,6 @@ from collections.abc import Callable
 from typing import Any
 
 from otel_ttft import semconv
-from otel_ttft.runtime.hooks.registry import PASS, Split, bypass, restore
 from otel_ttft.runtime.hooks.request import payload, worker
 from otel_ttft.runtime.hooks.request.payload import PREEMPTED, SCHEDULED, EnginePayload
 
@@ -47,7 +45,6 @@ def wrap_scheduler_add_request(call: Callable[..., Any], instance: Any, args: tu
     global _own_admission_times
     request = args[0] if args else kwargs["request"]
     rid = request.request_id
-    restore(instance, "update_from_output")  # its first output carries the payload
     if not instance.log_stats:
         _own_admission_times = True
     if rid not in _state:
@@ -64,40 +61,29 @@ def wrap_scheduler_add_request(call: Callable[..., Any], instance: Any, args: tu
 
 # --- Scheduler._get_local_prefix_cache_hit: one admission attempt -------------------------------
 
-def _count_attempt(instance: Any, args: tuple, kwargs: dict) -> Any:
+def wrap_prefix_lookup(call: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """Called once per admission attempt of a request whose KV is not computed yet."""
     if _state:
         st = _state.get((args[0] if args else kwargs["request"]).request_id)
         if st is not None:
             st.attempts += 1
-    return PASS
-
-
-wrap_prefix_lookup = Split(before=_count_attempt)
+    return call(*args, **kwargs)
 
 
 # --- Scheduler.schedule: admission times, only when vLLM records no events -----------------------
 
-def _schedule_started(instance: Any, args: tuple, kwargs: dict) -> Any:
-    if instance.log_stats:  # vLLM stamps the events itself, for this scheduler's whole life
-        bypass(instance, "schedule")
-        return PASS
-    if not _own_admission_times or not _state:
-        return PASS
-    return time.monotonic()  # what vLLM stamps its SCHEDULED events with
-
-
-def _note_scheduled(scheduled_at: float, instance: Any, args: tuple, kwargs: dict,
-                    out: Any) -> None:
+def wrap_schedule(call: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    if instance.log_stats or not _own_admission_times or not _state:
+        return call(*args, **kwargs)  # vLLM stamps the events itself
+    scheduled_at = time.monotonic()  # what vLLM stamps its SCHEDULED events with
+    out = call(*args, **kwargs)
     ids = [r.req_id for r in out.scheduled_new_reqs]
     ids.extend(out.scheduled_cached_reqs.resumed_req_ids)
     for rid in ids:
         st = _state.get(rid)
         if st is not None:
             st.schedule.append((SCHEDULED, scheduled_at))
-
-
-wrap_schedule = Split(_schedule_started, _note_scheduled)
+    return out
 
 
 # --- Scheduler._preempt_request: only needed when vLLM records no events -------------------------
@@ -116,17 +102,12 @@ def wrap_preempt_request(call: Callable[..., Any], instance: Any, args: tuple,
 
 # --- Scheduler.update_from_output: ship the payload with each request's first output --------------
 
-def _payload_due(instance: Any, args: tuple, kwargs: dict) -> Any:
-    """Nothing to ship while no request waits for its first output and no warm-up is pending:
-    the scheduler then calls vLLM's own method until a request arrives (``restore`` in
-    ``wrap_scheduler_add_request``). Warm-up a worker times meanwhile has nobody to charge."""
-    if _state or worker.pending:
-        return None
-    bypass(instance, "update_from_output")
-    return PASS
-
-
-def _ship_payload(token: None, instance: Any, args: tuple, kwargs: dict, outputs: Any) -> None:
+def wrap_update_from_output(call: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """Each request's first output carries what EngineCore noted (``payload``), and warm-up a
+    worker timed is charged to the requests waiting for their first token."""
+    outputs = call(*args, **kwargs)
+    if not _state and not worker.pending:
+        return outputs
     runner_output = args[1] if len(args) > 1 else kwargs.get("model_runner_output")
     events = getattr(runner_output, worker.WARMUP_ATTR, None) or worker.take_local()
     if events:
@@ -139,9 +120,7 @@ def _ship_payload(token: None, instance: Any, args: tuple, kwargs: dict, outputs
             headers = dict(out.trace_headers) if out.trace_headers else {}
             headers[semconv.ENGINE_PAYLOAD_HEADER] = payload.encode(st)
             out.trace_headers = headers
-
-
-wrap_update_from_output = Split(_payload_due, _ship_payload)
+    return outputs
 
 
 def _charge_warmup(events: list[tuple[str, int, float, float]]) -> None:

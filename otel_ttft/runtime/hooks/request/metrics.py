@@ -7,15 +7,10 @@ cold start is measured in minutes. The sample takes the request span's context w
 has a span, so SDKs with exemplars (trace-based filter, the default) lead from the histogram to
 the trace.
 
-The TTFT sample is written straight into the SDK's own histogram aggregation, with the exemplar
-offer ``record`` would make (``histogram.SampleWriter``): ``Histogram.record`` with four
-attributes costs the SDK 11-20 us here (with an exemplar about 20), more than all our hooks on a
-request together.
-
 Time per stage is a counter (``ttft.request.stage.time``): the seconds requests spent in each
 stage, summed here and read by the SDK at export time. Stages tile TTFT, so these sums say which
-stage a model's first tokens wait on (its share) and how long per request (over the TTFT count),
-at no SDK call per request. A slow request's own stages are on its span.
+stage a model's first tokens wait on (its share) and how long per request (over the TTFT count).
+A slow request's own stages are on its span.
 
 Queue depth and KV usage at arrival are gauges read at export time (per model: the latest
 arrival). TTFT samples and stage times carry ``gen_ai.operation.name`` and
@@ -32,7 +27,6 @@ from opentelemetry.context import Context, get_current
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from otel_ttft import semconv
-from otel_ttft.runtime.hooks.request.histogram import SampleWriter
 from otel_ttft.runtime.telemetry import metrics as telemetry_metrics
 
 _MAX_KEYS = 1024  # (model, cold, operation) combinations kept; LoRA names come and go
@@ -48,7 +42,6 @@ def _instruments() -> dict[str, Any]:
         explicit_bucket_boundaries_advisory=list(semconv.TTFT_BUCKETS_S))
     return {
         "ttft": ttft,
-        "ttft_writer": SampleWriter(ttft),
         "stage": meter.create_observable_counter(
             semconv.METRIC_REQUEST_STAGE_TIME, callbacks=[_observe_stage_time], unit="s",
             description="Time requests spent in each TTFT stage (frontend, queue, prefill; "
@@ -104,9 +97,9 @@ def record_request(ttft_s: float | None, stages: dict[str, float], model: str | 
     if waiting is not None or kv_usage is not None:
         _latest[model] = (waiting, kv_usage)
     key = (model, cold, operation)
-    if ttft_s is not None:  # straight into the SDK's aggregation, with the exemplar offer
-        inst["ttft_writer"].record(ttft_s, _attrs(model, cold, None, operation), key,
-                                   None if context is NO_SPAN else context or get_current())
+    if ttft_s is not None:
+        inst["ttft"].record(ttft_s, _attrs(model, cold, None, operation),
+                            context=context if context is not None else get_current())
     if stages:
         sums = _stage_time.get(key)
         if sums is None:

@@ -14,8 +14,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from otel_ttft.runtime.hooks.registry import PASS, Split
-
 WARMUP_ATTR = "_otel_ttft_warmup"
 ADAPTER, COMPILE = "a", "c"
 
@@ -73,7 +71,7 @@ class _ResolveAndAttach:
         return _attach(self.get_output())
 
 
-def _attach_pending(instance: Any, args: tuple, kwargs: dict) -> Any:
+def wrap_enqueue_output(call: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """``WorkerProc.enqueue_output``: attach pending warm-up times to the step's output."""
     if pending:
         output = args[0] if args else kwargs["output"]
@@ -81,7 +79,4 @@ def _attach_pending(instance: Any, args: tuple, kwargs: dict) -> Any:
             output.get_output = _ResolveAndAttach(output.get_output)
         else:
             _attach(output)
-    return PASS
-
-
-wrap_enqueue_output = Split(before=_attach_pending)
+    return call(*args, **kwargs)

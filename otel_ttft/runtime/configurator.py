@@ -1,0 +1,174 @@
+"""The configurator ``opentelemetry-instrument`` runs in every vLLM process: the SDK's providers and
+exporters from the ``OTEL_*`` settings, built through the SDK's public constructors.
+
+It builds what the SDK's own configurator would (resource, sampler and span limits from the
+environment, one batch processor per ``OTEL_TRACES_EXPORTER``, one periodic reader per
+``OTEL_METRICS_EXPORTER``) with three differences, each a public parameter or class:
+
+- ``shutdown_on_exit=False`` on both providers, and our bounded exit instead
+  (``telemetry.bounded_export``): a dead collector never holds a model switch;
+- each exporter is wrapped to count what it could not send (``ttft.telemetry.dropped``), and our
+  start-up span processors (``telemetry.pipeline``: stage tagging, the in-flight tracker) come
+  first on the tracer provider;
+- span and trace ids come from a generator seeded by the OS (``PrivateIdGenerator``), not from
+  Python's global ``random``, which vLLM seeds in every engine process (the SDK's default
+  generator would give every process the same ids). ``OTEL_PYTHON_ID_GENERATOR`` still wins.
+
+Logs are not configured (``OTEL_LOGS_EXPORTER``): the SDK's logs API is not public yet.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from collections.abc import Mapping
+from importlib.metadata import entry_points
+from typing import Any
+
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import (
+    Counter,
+    Histogram,
+    MeterProvider,
+    ObservableCounter,
+    ObservableGauge,
+    ObservableUpDownCounter,
+    UpDownCounter,
+)
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    MetricReader,
+    PeriodicExportingMetricReader,
+)
+from opentelemetry.sdk.metrics.view import ExponentialBucketHistogramAggregation
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+
+from otel_ttft.runtime.telemetry import bounded_export, pipeline
+
+logger = logging.getLogger("otel_ttft")
+
+
+class PrivateIdGenerator(IdGenerator):
+    """Random ids from a generator of its own, seeded by the OS and again in a forked child."""
+
+    def __init__(self) -> None:
+        self._random = random.Random(os.urandom(32))
+        os.register_at_fork(after_in_child=lambda: self._random.seed(os.urandom(32)))
+
+    def generate_span_id(self) -> int:
+        return self._random.getrandbits(64) or 1
+
+    def generate_trace_id(self) -> int:
+        return self._random.getrandbits(128) or 1
+
+
+def _names(environ: Mapping[str, str], variable: str, default: str) -> list[str]:
+    raw = environ.get(variable, default)
+    return [n.strip() for n in raw.split(",") if n.strip() and n.strip().lower() != "none"]
+
+
+def _entry_point(group: str, name: str, signal: str, environ: Mapping[str, str]) -> Any:
+    """The class an exporter name stands for; ``otlp`` picks gRPC or HTTP by the protocol
+    setting, as the SDK's configurator does."""
+    if name == "otlp":
+        protocol = (environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL")
+                    or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc").strip()
+        name = "otlp_proto_http" if protocol.startswith("http") else "otlp_proto_grpc"
+    found = entry_points(group=group, name=name)
+    if not found:
+        raise RuntimeError(f"no {group} entry point named {name!r}: is its package installed?")
+    return next(iter(found)).load()
+
+
+def _int(environ: Mapping[str, str], name: str, default: int) -> int:
+    try:
+        return max(0, int(environ.get(name, "") or default))
+    except ValueError:
+        return default
+
+
+_DELTA = {Counter, ObservableCounter, Histogram}
+
+
+def metric_preferences(environ: Mapping[str, str]) -> tuple[dict, dict]:
+    """Temporality and histogram aggregation from ``OTEL_EXPORTER_OTLP_METRICS_*``, as the OTLP
+    specification defines them: given to the exporter and to our wrapper around it alike."""
+    choice = environ.get("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "").strip().lower()
+    delta = {"delta": _DELTA, "lowmemory": {Counter, Histogram}}.get(choice, set())
+    kinds = (Counter, UpDownCounter, Histogram, ObservableCounter, ObservableUpDownCounter,
+             ObservableGauge)
+    temporality = {k: AggregationTemporality.DELTA if k in delta
+                   else AggregationTemporality.CUMULATIVE for k in kinds}
+    aggregation = {}
+    if environ.get("OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION", "").strip() \
+            == "base2_exponential_bucket_histogram":
+        aggregation = {Histogram: ExponentialBucketHistogramAggregation()}
+    return temporality, aggregation
+
+
+def _metric_reader(cls: Any, environ: Mapping[str, str],
+                   built: bounded_export.Pipeline) -> MetricReader:
+    if isinstance(cls, type) and issubclass(cls, MetricReader):  # a pull reader (Prometheus)
+        return cls()
+    temporality, aggregation = metric_preferences(environ)
+    try:
+        inner = cls(preferred_temporality=temporality, preferred_aggregation=aggregation)
+    except TypeError:  # an exporter without those parameters: not counted
+        return PeriodicExportingMetricReader(cls())
+    counted = bounded_export.CountingMetricExporter(inner, temporality, aggregation)
+    built.metric_exporters.append(counted)
+    return PeriodicExportingMetricReader(counted)
+
+
+def build(environ: Mapping[str, str] | None = None, *,
+          span_exporters: list[SpanExporter] | None = None,
+          metric_readers: list[MetricReader] | None = None,
+          span_processor: type = BatchSpanProcessor) -> bounded_export.Pipeline:
+    """Providers and exporters from the ``OTEL_*`` settings, or the exporters and readers given
+    (a program that embeds vLLM, the tests); installs nothing globally."""
+    environ = os.environ if environ is None else environ
+    resource = Resource.create()
+    id_name = environ.get("OTEL_PYTHON_ID_GENERATOR", "random").strip()
+    id_generator = (PrivateIdGenerator() if id_name in ("", "random")
+                    else _entry_point("opentelemetry_id_generator", id_name, "", environ)())
+    tracer_provider = TracerProvider(resource=resource, id_generator=id_generator,
+                                     shutdown_on_exit=False)
+    built = bounded_export.Pipeline(tracer_provider, None, queue_capacity=_int(
+        environ, "OTEL_BSP_MAX_QUEUE_SIZE", 2048) + _int(environ, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+                                                          512))
+    tagger = pipeline.add_local_processors(tracer_provider)
+    tracer_provider.add_span_processor(built.counter)
+    if span_exporters is None:
+        span_exporters = [_entry_point("opentelemetry_traces_exporter", name, "traces", environ)()
+                          for name in _names(environ, "OTEL_TRACES_EXPORTER", "otlp")]
+    for exporter in span_exporters:
+        counted = bounded_export.CountingSpanExporter(exporter, tagger.restamp)
+        processor = span_processor(counted)
+        tracer_provider.add_span_processor(processor)
+        built.span_exporters.append(counted)
+        built.exporting.append(processor)
+    readers = metric_readers if metric_readers is not None else [
+        _metric_reader(_entry_point("opentelemetry_metrics_exporter", name, "metrics", environ),
+                       environ, built)
+        for name in _names(environ, "OTEL_METRICS_EXPORTER", "otlp")]
+    built.meter_provider = MeterProvider(resource=resource, metric_readers=readers,
+                                         shutdown_on_exit=False)
+    return built
+
+
+def configure(environ: Mapping[str, str] | None = None,
+              **given: Any) -> bounded_export.Pipeline | None:
+    """Build (``given``: as ``build`` takes them), install as the global providers, and take
+    over the exit; ``None`` where ``OTEL_SDK_DISABLED`` is true."""
+    environ = os.environ if environ is None else environ
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return None
+    built = build(environ, **given)
+    trace.set_tracer_provider(built.tracer_provider)
+    metrics.set_meter_provider(built.meter_provider)
+    bounded_export.adopt(built)
+    return built
