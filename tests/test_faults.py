@@ -21,11 +21,11 @@ from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 
 from otel_ttft import semconv
-from otel_ttft.runtime import clock, config, state_files
+from otel_ttft.runtime import clock, config, inflight, state_files
 from otel_ttft.runtime import environment_variables as env
 from otel_ttft.runtime.context import process as this_process
 from otel_ttft.runtime.hooks import fault
-from otel_ttft.runtime.telemetry import inflight, spans
+from otel_ttft.runtime.telemetry import spans
 from otel_ttft.tools.analysis.traces import build_trees
 from otel_ttft.tools.replay.server import free_port
 from otel_ttft.tools.sink.otlp_decode import decode_trace_request
@@ -65,8 +65,10 @@ def test_exit_is_bounded_and_drops_are_counted_once(collector, tmp_path):
     first = [line for line in lines if "not reaching the collector" in line]
     summary = [line for line in lines if "of final flush; not delivered" in line]
     assert len(first) == 1 and len(summary) == 1, proc.stderr
-    assert "spans (queue_full)" in summary[0]  # 3000 spans, room for 2560: the rest overflowed
-    assert "spans (exit_deadline)" in summary[0] or "spans (export_failed)" in summary[0]
+    # Where the SDK retries a refused send (newer releases), the queue (room for 2560) overflows
+    # and the rest waits for the deadline; where it gives up at once, every batch fails.
+    reasons = set(re.findall(r"\d+ spans \((\w+)\)", summary[0]))
+    assert reasons and reasons <= {"queue_full", "exit_deadline", "export_failed"}, summary[0]
     # Nothing reached the collector: each of the 3000 spans is counted, and only once.
     assert sum(int(n) for n in re.findall(r"(\d+) spans \(", summary[0])) == 3000, summary[0]
     assert "metrics (" in summary[0]  # the metric exporter is bounded and counted too
@@ -113,7 +115,7 @@ def test_open_spans_give_the_in_progress_stage_and_an_unfinished_snapshot():
             (obs,) = inflight._observe()
             assert obs.attributes[semconv.ATTR_STAGE] == semconv.STAGE_LOAD_READ
             assert obs.value >= 0
-            published = inflight.read_published(os.getpid())
+            published = state_files.read_open_chain(os.getpid())
             assert [c["name"] for c in published["open"]] == [
                 semconv.SPAN_ACTIVATION, "Load weights", semconv.SPAN_SHARD_READ]
             assert inflight.export_snapshot() == 3
@@ -124,7 +126,7 @@ def test_open_spans_give_the_in_progress_stage_and_an_unfinished_snapshot():
     finally:
         root.end(end_time=clock.now_ns())
     assert inflight._observe() == []
-    assert inflight.read_published(os.getpid()) is None
+    assert state_files.read_open_chain(os.getpid()) is None
     # The real spans came after their copies: a store that keeps the last copy shows them done.
     finished = [_as_dict(s) for s in exporter.get_finished_spans()]
     (tree,) = build_trees(finished).values()
@@ -152,9 +154,9 @@ def test_open_spans_end_with_an_error_and_name_the_failed_stage():
     assert got.attributes[semconv.ATTR_ACTIVATION_READY] is False
     assert got.attributes[semconv.ATTR_ACTIVATION_FAILED_STAGE] == semconv.STAGE_WARMUP_KV_ALLOC
     assert got.attributes[semconv.ATTR_SPAN_ENDED_BY] == "SIGTERM"
-    failure = inflight.take_failure(kv.get_span_context().trace_id)
+    failure = state_files.take_failure(kv.get_span_context().trace_id)
     assert failure["stage"] == semconv.STAGE_WARMUP_KV_ALLOC
-    assert inflight.take_failure(kv.get_span_context().trace_id) is None  # read once
+    assert state_files.take_failure(kv.get_span_context().trace_id) is None  # read once
 
 
 def _child_loads_forever(parent_traceparent: str) -> None:
@@ -185,7 +187,7 @@ def test_a_child_killed_while_loading_is_reported_by_its_parent():
         try:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
-                state = inflight.read_published(child.pid)
+                state = state_files.read_open_chain(child.pid)
                 if state and len(state["open"]) == 2:
                     break
                 time.sleep(0.1)
@@ -210,8 +212,8 @@ def test_a_child_killed_while_loading_is_reported_by_its_parent():
     assert event.attributes[semconv.ATTR_CHILD_STAGE] == semconv.STAGE_LOAD_READ
     assert event.attributes[semconv.ATTR_CHILD_PID] == child.pid
     assert got.status.status_code is StatusCode.ERROR
-    assert inflight.take_failure(trace_id)["stage"] == semconv.STAGE_LOAD_READ
-    assert inflight.read_published(child.pid) is None, "the parent removes the child's file"
+    assert state_files.take_failure(trace_id)["stage"] == semconv.STAGE_LOAD_READ
+    assert state_files.read_open_chain(child.pid) is None, "the parent removes the child's file"
 
 
 def _as_dict(span) -> dict:
@@ -351,7 +353,7 @@ def test_state_files_left_by_killed_process_trees_are_removed_after_a_day(tmp_pa
     two_days_ago = time.time() - 2 * 86400
     os.utime(old, (two_days_ago, two_days_ago))
     os.utime(other, (two_days_ago, two_days_ago))
-    inflight._remove_stale_state()
+    state_files.remove_stale()
     assert not old.exists() and fresh.exists() and other.exists()
 
 

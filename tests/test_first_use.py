@@ -13,8 +13,8 @@ import pytest
 
 from otel_ttft import semconv
 from otel_ttft.runtime.context import process as this_process
+from otel_ttft.runtime.hooks import first_use
 from otel_ttft.runtime.hooks.registry import HookSet
-from otel_ttft.runtime.hooks.request import first_use
 
 
 @pytest.fixture

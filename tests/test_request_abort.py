@@ -201,7 +201,7 @@ def test_request_still_settling_at_exit_is_emitted_before_the_final_flush(engine
         engine.step("cmpl-exit-1", 22, finish=True)
         assert "cmpl-exit-1" in request.state.book.settling  # nobody took the final output yet
         assert not request_spans()
-        assert request.settle._settle_at_exit in bounded_export.exit_path.callbacks
+        assert request.settle._settle_at_exit in bounded_export._Exit.callbacks
         request.settle._settle_at_exit()  # what the exit path runs before the final flush
         assert not request.state.book.settling
         assert len(request_spans()) == 1

@@ -8,8 +8,8 @@ environment, one batch processor per ``OTEL_TRACES_EXPORTER``, one periodic read
 - ``shutdown_on_exit=False`` on both providers, and our bounded exit instead
   (``telemetry.bounded_export``): a dead collector never holds a model switch;
 - each exporter is wrapped to count what it could not send (``ttft.telemetry.dropped``), and our
-  start-up span processors (``telemetry.pipeline``: stage tagging, the in-flight tracker) come
-  first on the tracer provider;
+  start-up span processors (``telemetry.pipeline``: stage tagging; ``inflight``: the in-flight
+  tracker) come first on the tracer provider;
 - span and trace ids come from a generator seeded by the OS (``PrivateIdGenerator``), not from
   Python's global ``random``, which vLLM seeds in every engine process (the SDK's default
   generator would give every process the same ids). ``OTEL_PYTHON_ID_GENERATOR`` still wins.
@@ -47,6 +47,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 
+from otel_ttft.runtime import inflight
 from otel_ttft.runtime.telemetry import bounded_export, pipeline
 
 logger = logging.getLogger("otel_ttft")
@@ -140,7 +141,11 @@ def build(environ: Mapping[str, str] | None = None, *,
     built = bounded_export.Pipeline(tracer_provider, None, queue_capacity=_int(
         environ, "OTEL_BSP_MAX_QUEUE_SIZE", 2048) + _int(environ, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
                                                           512))
-    tagger = pipeline.add_local_processors(tracer_provider)
+    # Ours first, ahead of any exporting processor: a snapshot of a span is always queued
+    # before the span itself (``inflight``), and the tagger's stage is on a span before export.
+    tagger = pipeline.StageTagger()
+    tracer_provider.add_span_processor(tagger)
+    tracer_provider.add_span_processor(inflight.install())
     tracer_provider.add_span_processor(built.counter)
     if span_exporters is None:
         span_exporters = [_entry_point("opentelemetry_traces_exporter", name, "traces", environ)()

@@ -31,7 +31,10 @@ class VllmTTFTInstrumentor(BaseInstrumentor):
         return (f"{found[0]} {SUPPORTED}",) if found else _instruments_any[:1]
 
     def _check_dependency_conflicts(self) -> DependencyConflict | None:
-        return get_dependency_conflicts((), _instruments_any)
+        try:  # either vLLM distribution (``instruments-any``: opentelemetry-instrumentation 0.52+)
+            return get_dependency_conflicts((), _instruments_any)
+        except TypeError:  # older: the distribution actually installed
+            return get_dependency_conflicts(self.instrumentation_dependencies())
 
     def _instrument(self, **kwargs: Any) -> None:
         """``tracer_provider`` / ``meter_provider`` as in every contrib instrumentor (default: the

@@ -9,7 +9,17 @@ from otel_ttft.runtime.hooks.registry import Hook
 def all_hooks() -> list[Hook]:
     """Every hook. Our own modules import no vLLM module (targets resolve when vLLM imports
     them), so an ImportError here is a bug of ours and propagates."""
-    from otel_ttft.runtime.hooks import activation, fault, load, request, rpc, switch, warmup
+    from otel_ttft.runtime.hooks import (
+        activation,
+        fault,
+        first_use,
+        load,
+        request,
+        rpc,
+        switch,
+        warmup,
+    )
 
     return [*activation.HOOKS, *load.HOOKS, *warmup.HOOKS, *rpc.HOOKS, *switch.HOOKS,
-            *fault.HOOKS, *request.HOOKS]
+            *fault.HOOKS, *request.HOOKS,
+            *first_use.HOOKS]

@@ -20,10 +20,10 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanContext, Status, StatusCode
 
 from otel_ttft import semconv
-from otel_ttft.runtime import clock, config, handoff
+from otel_ttft.runtime import clock, config, handoff, inflight, state_files
 from otel_ttft.runtime.context import process as this_process
 from otel_ttft.runtime.hooks.registry import Hook
-from otel_ttft.runtime.telemetry import inflight, pipeline, spans
+from otel_ttft.runtime.telemetry import pipeline, spans
 
 API_SERVER, ENGINE_CORE, WORKER = semconv.PROCESS_KINDS
 
@@ -95,7 +95,7 @@ def ensure_root() -> trace.Span | None:
         this_process.kind = API_SERVER
         start_ns = clock.process_start_ns() or clock.now_ns()
         root = spans.tracer().start_span(semconv.SPAN_ACTIVATION,
-                                         context=spans.env_parent_context(), start_time=start_ns)
+                                         context=handoff.env_parent_context(), start_time=start_ns)
         root.set_attributes({semconv.ATTR_ACTIVATION_KIND: "start",
                              semconv.ATTR_PROCESS_KIND: API_SERVER,
                              semconv.PROCESS_PID: _pid()})
@@ -133,7 +133,7 @@ def end_root(error: BaseException | None = None) -> None:
 def mark_failed_stage(root: trace.Span) -> None:
     """The stage the activation died in: recorded by whichever process failed first (a child's
     own error, or a parent that saw its child killed), else the innermost one still open here."""
-    record = inflight.take_failure(root.get_span_context().trace_id)
+    record = state_files.take_failure(root.get_span_context().trace_id)
     stage = record.get("stage") if record else None
     if not stage:
         tracker = inflight.tracker()
@@ -246,7 +246,7 @@ def _wrap_child_init(kind: str):
     def wrapper(call, instance, args, kwargs):
         _note_model(kwargs.get("vllm_config") or (args[0] if args else None))
         if not trace.get_current_span().get_span_context().is_valid:
-            emit_process_start(kind, spans.env_parent_context())
+            emit_process_start(kind, handoff.env_parent_context())
         this_process.kind = this_process.kind or kind
         return call(*args, **kwargs)
 
@@ -262,7 +262,7 @@ def on_plugin_loaded() -> None:
     if kind is None or not current.is_recording():
         return
     pipeline.StageTagger().on_start(current)  # it opened before our tagger was attached
-    emit_process_start(kind, spans.env_parent_context(),
+    emit_process_start(kind, handoff.env_parent_context(),
                        end_ns=getattr(current, "start_time", None))
 
 

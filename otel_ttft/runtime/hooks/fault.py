@@ -15,11 +15,12 @@ import time
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.trace import Status, StatusCode
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
 
 from otel_ttft import semconv
+from otel_ttft.runtime import clock, config, inflight, state_files
 from otel_ttft.runtime.hooks.registry import Hook
-from otel_ttft.runtime.telemetry import inflight
 from otel_ttft.semconv import PROCESS_API_SERVER as API_SERVER
 from otel_ttft.semconv import PROCESS_ENGINE_CORE as ENGINE_CORE
 
@@ -47,6 +48,34 @@ def _describe_exit(code: int) -> tuple[str | None, str]:
     return None, f"exited with code {code}"
 
 
+def end_dead_child_spans(chain: list[dict], reason: str) -> int:
+    """A killed child's open spans (from its published chain), ended now with an error."""
+    now = clock.now_ns()
+    resource = getattr(config.tracer_provider(), "resource", None)
+    sent = 0
+    for item in reversed(chain):
+        try:
+            trace_id, span_id = int(item["trace_id"], 16), int(item["span_id"], 16)
+            parent_id = int(item["parent_span_id"], 16) if item.get("parent_span_id") else None
+            start = int(item["start_ns"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        flags = TraceFlags(TraceFlags.SAMPLED)
+        attrs = {**(item.get("attributes") or {}), semconv.ATTR_SPAN_ENDED_BY: "parent"}
+        if item.get("stage"):
+            attrs.setdefault(semconv.ATTR_STAGE, item["stage"])
+        kwargs = {"resource": resource} if resource is not None else {}
+        inflight.send(ReadableSpan(
+            name=str(item.get("name") or "?"),
+            context=SpanContext(trace_id, span_id, is_remote=False, trace_flags=flags),
+            parent=SpanContext(trace_id, parent_id, is_remote=True, trace_flags=flags)
+            if parent_id else None,
+            attributes=attrs, status=Status(StatusCode.ERROR, reason),
+            start_time=start, end_time=max(now, start), **kwargs))
+        sent += 1
+    return sent
+
+
 def report_dead_children(procs: list[Any], kind: str) -> int:
     """Report every process in ``procs`` that has died (nonzero exit) on the current span."""
     deadline = time.monotonic() + _GRACE_S
@@ -57,7 +86,7 @@ def report_dead_children(procs: list[Any], kind: str) -> int:
         if code is None or code == 0 or getattr(proc, "pid", None) is None:
             continue
         sig, how = _describe_exit(code)
-        published = inflight.read_published(proc.pid, remove=True) or {}
+        published = state_files.read_open_chain(proc.pid, remove=True) or {}
         chain = published.get("open") or []
         innermost = next((c for c in reversed(chain)
                           if inflight._is_activation_stage(c.get("stage"))), None)
@@ -72,7 +101,7 @@ def report_dead_children(procs: list[Any], kind: str) -> int:
         where = f" in {innermost['stage']} ({innermost['name']})" if innermost else ""
         reason = f"{kind} pid {proc.pid} {how}{where}"
         if chain:
-            inflight.end_dead_child_spans(chain, reason)
+            end_dead_child_spans(chain, reason)
         if innermost is not None:
             ctx = trace.SpanContext(int(innermost["trace_id"], 16),
                                     int(innermost["span_id"], 16), is_remote=True)

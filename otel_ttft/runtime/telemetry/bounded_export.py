@@ -40,53 +40,41 @@ logger = logging.getLogger("otel_ttft")
 
 
 # --- what got lost ---
-class DropCount:
-    """(signal, reason) -> items this process could not send; the first drop is logged."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.counts: dict[tuple[str, str], int] = {}
-        self._counter: Any = None
-
-    def add(self, signal: str, reason: str, n: int, detail: str = "") -> None:
-        if n <= 0:
-            return
-        with self._lock:
-            first = not self.counts
-            self.counts[(signal, reason)] = self.counts.get((signal, reason), 0) + n
-        with contextlib.suppress(Exception):
-            self.counter().add(n, {semconv.ATTR_TELEMETRY_SIGNAL: signal,
-                                   semconv.ATTR_TELEMETRY_DROP_REASON: reason})
-        if first:
-            logger.warning("otel-ttft: telemetry is not reaching the collector (%s: %s%s); it is "
-                           "dropped and counted in %s, and this is logged once per process",
-                           signal, reason, f", {detail}" if detail else "",
-                           semconv.METRIC_TELEMETRY_DROPPED)
-
-    def counter(self) -> Any:
-        """The drop counter, on the meter provider in force, made once."""
-        if self._counter is None:
-            self._counter = metrics.meter().create_counter(
-                semconv.METRIC_TELEMETRY_DROPPED, unit="{item}",
-                description="Spans and metric points this process could not send (collector "
-                            "down, slow, or the exit deadline passed)")
-        return self._counter
-
-    def snapshot(self) -> dict[tuple[str, str], int]:
-        with self._lock:
-            return dict(self.counts)
+_lock = threading.Lock()
+_dropped: dict[tuple[str, str], int] = {}  # (signal, reason) -> items this process lost
+_drop_counter: list[Any] = []  # the instrument, made once
 
 
-_drops = DropCount()
+def _counter() -> Any:
+    if not _drop_counter:
+        _drop_counter.append(metrics.meter().create_counter(
+            semconv.METRIC_TELEMETRY_DROPPED, unit="{item}",
+            description="Spans and metric points this process could not send (collector down, "
+                        "slow, or the exit deadline passed)"))
+    return _drop_counter[0]
 
 
 def count_dropped(signal: str, reason: str, n: int, detail: str = "") -> None:
-    _drops.add(signal, reason, n, detail)
+    """``n`` items lost; the first loss of the process is logged."""
+    if n <= 0:
+        return
+    with _lock:
+        first = not _dropped
+        _dropped[(signal, reason)] = _dropped.get((signal, reason), 0) + n
+    with contextlib.suppress(Exception):
+        _counter().add(n, {semconv.ATTR_TELEMETRY_SIGNAL: signal,
+                           semconv.ATTR_TELEMETRY_DROP_REASON: reason})
+    if first:
+        logger.warning("otel-ttft: telemetry is not reaching the collector (%s: %s%s); it is "
+                       "dropped and counted in %s, and this is logged once per process",
+                       signal, reason, f", {detail}" if detail else "",
+                       semconv.METRIC_TELEMETRY_DROPPED)
 
 
 def dropped() -> dict[tuple[str, str], int]:
     """(signal, reason) -> count, for this process so far."""
-    return _drops.snapshot()
+    with _lock:
+        return dict(_dropped)
 
 
 # --- counting on the way in and out ---
@@ -205,93 +193,78 @@ class Pipeline:
     never saw beyond this was dropped as the queue overflowed."""
 
 
-class ExitPath:
-    """The one bounded exit of this process: callbacks first (open spans ended, waiting requests
-    emitted), then both providers shut down in parallel until the deadline."""
+class _Exit:
+    """The one bounded exit of this process: what it flushes and what runs first."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.pipeline: Pipeline | None = None
-        self.callbacks: list[Callable[[], None]] = []
-        self.exited = False
-        self.registered = False
-
-    def adopt(self, pipeline: Pipeline) -> None:
-        self.pipeline = pipeline
-        with self._lock:
-            if self.registered:
-                return
-            self.registered = True
-        # vLLM's processes end with the root logger at ERROR: our two lines (first drop, exit
-        # summary) would vanish. A level set on "otel_ttft" by the user still wins.
-        if logger.level == logging.NOTSET:
-            logger.setLevel(logging.WARNING)
-        _quiet_sdk_logs()
-        with contextlib.suppress(Exception):
-            _drops.counter()  # made now: at exit the meter provider may be shutting down
-        atexit.register(self.run)
-
-    def run(self, timeout_s: float | None = None) -> None:
-        with self._lock:
-            if self.exited:
-                return
-            self.exited = True
-        budget = config.current.exit_timeout_s if timeout_s is None else timeout_s
-        start = time.monotonic()
-        for callback in self.callbacks:
-            with contextlib.suppress(Exception):
-                callback()
-        p = self.pipeline
-        if p is None:
-            return
-        threads = {}
-        for signal, provider in (("spans", p.tracer_provider), ("metrics", p.meter_provider)):
-            t = threading.Thread(target=_quietly, args=(provider.shutdown,),
-                                 name=f"otel-ttft-exit-{signal}", daemon=True)
-            t.start()
-            threads[signal] = t
-        for t in threads.values():
-            t.join(max(0.0, start + budget - time.monotonic()))
-        late = {signal for signal, t in threads.items() if t.is_alive()}
-        for exporter in p.span_exporters:
-            exporter.closed = True
-            unsent = p.counter.ended - exporter.seen
-            overflow = unsent - p.queue_capacity if "spans" in late else unsent
-            count_dropped("spans", semconv.DROP_QUEUE_FULL, overflow)
-            count_dropped("spans", semconv.DROP_EXIT_DEADLINE, min(unsent, p.queue_capacity)
-                          if "spans" in late else 0)
-        for exporter in p.metric_exporters:
-            exporter.closed = True
-            if "metrics" in late:
-                count_dropped("metrics", semconv.DROP_EXIT_DEADLINE, exporter.in_flight)
-        _log_summary(time.monotonic() - start)
-
-
-exit_path = ExitPath()
+    pipeline: Pipeline | None = None
+    callbacks: list[Callable[[], None]] = []
+    state = "armed"  # -> "registered" (atexit) -> "done"
 
 
 def adopt(pipeline: Pipeline) -> None:
     """Our configurator's pipeline: bounded exit, drop counting, snapshot export."""
-    exit_path.adopt(pipeline)
+    _Exit.pipeline = pipeline
+    with _lock:
+        if _Exit.state != "armed":
+            return
+        _Exit.state = "registered"
+    # vLLM's processes end with the root logger at ERROR: our two lines (first drop, exit
+    # summary) would vanish. A level set on "otel_ttft" by the user still wins.
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.WARNING)
+    _quiet_sdk_logs()
+    with contextlib.suppress(Exception):
+        _counter()  # made now: at exit the meter provider may be shutting down
+    atexit.register(bounded_exit)
 
 
 def exporting_processors() -> list[SpanProcessor]:
     """The processors of our configurator's provider that send spans somewhere; none for a
     provider we did not build."""
-    p = exit_path.pipeline
-    return list(p.exporting) if p is not None else []
+    return list(_Exit.pipeline.exporting) if _Exit.pipeline is not None else []
 
 
 def before_flush(callback: Callable[[], None]) -> None:
     """Run ``callback()`` at exit before the final flush (open spans are ended, waiting requests
     emitted, so they are exported)."""
-    if callback not in exit_path.callbacks:
-        exit_path.callbacks.append(callback)
+    if callback not in _Exit.callbacks:
+        _Exit.callbacks.append(callback)
 
 
 def bounded_exit(timeout_s: float | None = None) -> None:
-    """End what is open, flush both providers in parallel, stop at the deadline; runs once."""
-    exit_path.run(timeout_s)
+    """Callbacks first, then both providers shut down in parallel until the deadline; what did
+    not go is counted and logged. Runs once."""
+    with _lock:
+        if _Exit.state == "done":
+            return
+        _Exit.state = "done"
+    budget = config.current.exit_timeout_s if timeout_s is None else timeout_s
+    start = time.monotonic()
+    for callback in _Exit.callbacks:
+        with contextlib.suppress(Exception):
+            callback()
+    p = _Exit.pipeline
+    if p is None:
+        return
+    threads = {}
+    for signal, provider in (("spans", p.tracer_provider), ("metrics", p.meter_provider)):
+        threads[signal] = t = threading.Thread(target=_quietly, args=(provider.shutdown,),
+                                               name=f"otel-ttft-exit-{signal}", daemon=True)
+        t.start()
+    for t in threads.values():
+        t.join(max(0.0, start + budget - time.monotonic()))
+    late = {signal for signal, t in threads.items() if t.is_alive()}
+    for exporter in p.span_exporters:
+        exporter.closed = True
+        unsent = p.counter.ended - exporter.seen
+        stuck = min(unsent, p.queue_capacity) if "spans" in late else 0
+        count_dropped("spans", semconv.DROP_QUEUE_FULL, unsent - stuck)
+        count_dropped("spans", semconv.DROP_EXIT_DEADLINE, stuck)
+    for exporter in p.metric_exporters:
+        exporter.closed = True
+        if "metrics" in late:
+            count_dropped("metrics", semconv.DROP_EXIT_DEADLINE, exporter.in_flight)
+    _log_summary(time.monotonic() - start)
 
 
 class _OncePerMessage(logging.Filter):

@@ -1,7 +1,7 @@
-"""The span processors our configurator puts first on the tracer provider it builds: the stage
-tagger (builds on vLLM's own start-up spans and feeds the stage metrics) and the in-flight tracker
-(``inflight``). A provider we did not build gets neither: instrumenting never changes a provider's
-processors, so uninstrumenting leaves it as it was."""
+"""The stage tagger: the span processor our configurator puts first on the tracer provider it
+builds (with the in-flight tracker, ``runtime.inflight``). It builds on vLLM's own start-up spans
+and feeds the stage metrics. A provider we did not build gets neither: instrumenting never
+changes a provider's processors, so uninstrumenting leaves it as it was."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from opentelemetry.trace import Span
 from otel_ttft import semconv
 from otel_ttft.runtime import clock
 from otel_ttft.runtime.context import process as this_process
-from otel_ttft.runtime.telemetry import inflight, metrics
+from otel_ttft.runtime.telemetry import metrics
 
 _ACTIVATION_FAMILIES = (semconv.STAGE_LOAD, semconv.STAGE_WARMUP, semconv.STAGE_SWITCH)
 
@@ -78,13 +78,3 @@ def _made_by_vllm(span: Any) -> bool:
     none we open spans of the same names, on our clock."""
     name = getattr(getattr(span, "instrumentation_scope", None), "name", "") or ""
     return name == "vllm" or name.startswith("vllm.")
-
-
-def add_local_processors(provider: Any) -> StageTagger:
-    """The stage tagger and this process's in-flight tracker, ahead of any exporting processor
-    (so a snapshot of a span is always queued before the span itself: ``inflight``); returns
-    the tagger, whose ``restamp`` the exporters apply."""
-    tagger = StageTagger()
-    provider.add_span_processor(tagger)
-    provider.add_span_processor(inflight.install())
-    return tagger

@@ -8,7 +8,6 @@ a no-op until one exists.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -16,7 +15,6 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from otel_ttft import semconv
 from otel_ttft.runtime import clock, config
@@ -35,33 +33,6 @@ def use_tracer_provider(provider: trace.TracerProvider | None) -> None:
     """``instrument(tracer_provider=...)``: our spans go there; ``None``: the global provider."""
     global _tracer
     _tracer = trace.get_tracer("otel_ttft", __version__, tracer_provider=provider)
-
-
-def _initial_environ() -> dict[str, str]:
-    """The environment this process was exec'd with.
-
-    vLLM's ``propagate_trace_to_env`` rewrites ``os.environ["traceparent"]`` around each of its
-    spans, so by the time a plugin loads, os.environ names a span of this very process.
-    """
-    try:
-        with open("/proc/self/environ", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return dict(os.environ)
-    env = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep:
-            env[key.decode(errors="replace")] = value.decode(errors="replace")
-    return env
-
-
-def env_parent_context() -> otel_context.Context | None:
-    """The traceparent the parent process handed us at spawn (vLLM passes it in the env)."""
-    env = _initial_environ()
-    carrier = {k: v for k in ("traceparent", "tracestate")
-               if (v := env.get(k) or env.get(k.upper()))}
-    return TraceContextTextMapPropagator().extract(carrier) if carrier else None
 
 
 def flush_async() -> None:

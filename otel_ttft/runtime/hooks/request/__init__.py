@@ -1,7 +1,7 @@
 """The request path: one span per request whose stage children tile its server-side TTFT, built
 after the fact from timestamps vLLM already records (``docs/architecture.md`` walks one request).
 
-API process (``api``, ``ends``, ``flush``, ``first_use``):
+API process (``api``, ``ends``, ``flush``; front-end cache fills: ``hooks.first_use``):
 
 - ``request.flush``: starlette's ``StreamingResponse.stream_response`` writes through a ``send``
   that timestamps the chunk carrying the first token.
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from otel_ttft import semconv
 from otel_ttft.runtime.hooks.registry import Hook
-from otel_ttft.runtime.hooks.request import api, ends, engine, first_use, worker
+from otel_ttft.runtime.hooks.request import api, ends, engine, worker
 from otel_ttft.runtime.hooks.request.flush import wrap_stream_response
 
 API_SERVER, ENGINE_CORE, WORKER = semconv.PROCESS_KINDS
@@ -48,7 +48,6 @@ HOOKS: list[Hook] = [
     Hook("request.error", f"{_OP}.propagate_error", ends.wrap_propagate_error,
          process=API_SERVER),
     Hook("request.vllm_span", f"{_OP}.do_tracing", ends.wrap_do_tracing, process=API_SERVER),
-    *first_use.HOOKS,
     Hook("request.engine_arrival", f"{_SCHED}.add_request",
          engine.wrap_scheduler_add_request, stage=semconv.STAGE_QUEUE,
          process=ENGINE_CORE),

@@ -9,7 +9,7 @@ from typing import Any
 
 from otel_ttft import semconv
 from otel_ttft.runtime import clock, config
-from otel_ttft.runtime.hooks.request import first_use
+from otel_ttft.runtime.hooks import first_use
 from otel_ttft.runtime.hooks.request.payload import EnginePayload
 from otel_ttft.runtime.hooks.request.state import RequestRecord
 from otel_ttft.runtime.hooks.request.timeline import PREEMPTED, SCHEDULED

@@ -16,8 +16,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from otel_ttft import semconv
 from otel_ttft.runtime import clock
+from otel_ttft.runtime.hooks import first_use
 from otel_ttft.runtime.hooks.request import detail as request_detail
-from otel_ttft.runtime.hooks.request import first_use
 from otel_ttft.runtime.hooks.request import metrics as request_metrics
 from otel_ttft.runtime.hooks.request.attributes import operation_name, span_attributes
 from otel_ttft.runtime.hooks.request.payload import EnginePayload

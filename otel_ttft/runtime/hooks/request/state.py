@@ -29,74 +29,40 @@ def _event_types() -> tuple[int, int, int]:
 class RequestRecord:
     """One engine request, from ``OutputProcessor.add_request`` until its span is emitted."""
 
-    rid: str
-    """vLLM's internal request id."""
-    ext_id: str
-    """The external (client-facing) request id."""
-    arrival: float
-    """vLLM's arrival time (the request span's start)."""
-    context: otel_context.Context | None = None
-    """The context current when vLLM took the request (in ``generate``'s task: the HTTP server
-    span, if any), for the parent and the sampled share."""
-    queue: Any = None
-    """vLLM's ``RequestOutputCollector`` when a ``generate`` call consumes the outputs; ``None``
-    for offline ``LLMEngine`` requests."""
-    streaming: bool = False
-    """Outputs stream to the client (TTFT ends at the first chunk written, not at the last)."""
-    flush: Any = None
-    """The box of the HTTP response streaming this request, if any (``flush.FirstChunk``)."""
-    texts: dict[int, str] | None = None
-    """Output text per choice of its ``generate`` call; only with content capture opted in."""
-    model: str | None = None
-    """Served model or LoRA adapter name."""
-    state: Any = None
-    """vLLM's ``RequestState`` (its stats and token counts are read when the request ends)."""
-    params: Any = None
-    """vLLM's ``SamplingParams`` (``None`` for a pooling request)."""
+    rid: str  # vLLM's internal request id
+    ext_id: str  # the external (client-facing) request id
+    arrival: float  # vLLM's arrival time: the request span's start
+    context: otel_context.Context | None = None  # current when vLLM took it (a server span?)
+    queue: Any = None  # vLLM's RequestOutputCollector, when a generate call consumes outputs
+    streaming: bool = False  # outputs stream: TTFT ends at the first chunk written
+    flush: Any = None  # the streaming response's ``flush.FirstChunk``
+    texts: dict[int, str] | None = None  # output text per choice (content capture only)
+    model: str | None = None  # served model or LoRA adapter name
+    state: Any = None  # vLLM's RequestState, until the request ends (``read_end``)
+    params: Any = None  # vLLM's SamplingParams (None: pooling)
     prompt_len: int | None = None
-    prompt: str | None = None
-    """Prompt text; only with content capture opted in."""
-    lora: Any = None
-    """vLLM's ``LoRARequest``, if any."""
-    trace_headers: Any = None
-    """The request's ``trace_headers`` as the caller sent them (parent of offline requests)."""
-    queued: float | None = None
-    """vLLM's QUEUED event time (EngineCore received it)."""
-    schedule: list[tuple[str, float]] = field(default_factory=list)
-    """(``SCHEDULED``|``PREEMPTED``, time) before the first token, from vLLM's events."""
-    first_tok: float | None = None
-    """EngineCore's timestamp of the step that produced the first token."""
-    second_tok: float | None = None
-    """The same for the second token (``first_decode``)."""
-    recv: float | None = None
-    """When the API process received the first output."""
+    prompt: str | None = None  # content capture only
+    lora: Any = None  # vLLM's LoRARequest
+    trace_headers: Any = None  # as the caller sent them (the parent of offline requests)
+    queued: float | None = None  # EngineCore received it (vLLM's QUEUED)
+    schedule: list[tuple[str, float]] = field(default_factory=list)  # (SCHEDULED|PREEMPTED, t)
+    first_tok: float | None = None  # EngineCore's time of the step with the first token
+    second_tok: float | None = None  # ... and the second (``first_decode``)
+    recv: float | None = None  # the API process received the first output
     out_tokens: int = 0
-    cached: int | None = None
-    """Prompt tokens served from the prefix cache."""
-    engine: EnginePayload | None = None
-    """What EngineCore noted (queue depth, KV blocks, admission attempts, warm-up)."""
-    late_preemptions: list[float] = field(default_factory=list)
-    """Preemptions after the first token (span events, not segments)."""
-    preemptions: int | None = None
-    """vLLM's own count of its preemptions (with its stats logging on)."""
-    finish: Any = None
-    """The engine's finish reason (vLLM's ``FinishReason``, or a ``str``)."""
-    rejected: str | None = None
-    """vLLM's error when the engine rejected it on arrival (``EngineCoreOutput.error``)."""
+    cached: int | None = None  # prompt tokens from the prefix cache
+    engine: EnginePayload | None = None  # what EngineCore noted (``payload``)
+    late_preemptions: list[float] = field(default_factory=list)  # after the first token
+    preemptions: int | None = None  # vLLM's own count (its stats logging on)
+    finish: Any = None  # vLLM's FinishReason, or a str
+    rejected: str | None = None  # vLLM's error when the engine refused it on arrival
     aborted: bool = False
-    error: str | None = None
-    """An engine failure that reached it."""
-    done: float | None = None
-    """When the OutputProcessor let it go."""
-    vllm: dict[str, Any] | None = None
-    """vLLM's own ``llm_request`` attributes, when its tracing is on."""
-    cold: bool = False
-    """It paid for an activation: among the first requests after one, or it waited for
-    warm-up work."""
-    cold_index: int = 0
-    """Its position among the requests since the latest activation (1 = first)."""
-    activation: Any = None
-    """The latest activation (``hooks.activation``) when it arrived."""
+    error: str | None = None  # an engine failure that reached it
+    done: float | None = None  # the OutputProcessor let it go
+    vllm: dict[str, Any] | None = None  # vLLM's own llm_request attributes (its tracing on)
+    cold: bool = False  # among the first after an activation, or waited for warm-up work
+    cold_index: int = 0  # its position since the latest activation (1 = first)
+    activation: Any = None  # the latest activation when it arrived (``hooks.activation``)
 
     def on_first(self, eco: Any, ts: float, now: float) -> None:
         """Its first output: when it came, EngineCore's payload, events, cached tokens."""

@@ -8,29 +8,31 @@ its open spans. This module keeps the open activation spans of the process and u
 - export a snapshot copy of every open span (``ttft.span.unfinished=true``, same span id) once a
   stage has been open for ``OTEL_TTFT_SNAPSHOT_AFTER_S``, so ``otel-ttft tree`` shows the
   unfinished activation; the real span, exported later, replaces the copy in the store;
-- publish the open chain to a small file per pid, so a parent can end a child's spans when the
-  child is killed (SIGKILL leaves the child no chance);
+- publish the open chain to a small file per pid (``state_files``), so a parent can end a
+  child's spans when the child is killed (SIGKILL leaves the child no chance: ``hooks.fault``);
 - end what is still open, with an error, when the process exits or gets a fatal signal, and
   remember the stage the activation failed in (one file per trace: the first failure wins).
+
+Snapshots and a dead child's spans go straight to the exporting processors of our configurator's
+provider (``send``); with a provider we did not build there are none, and only the gauge, the
+published chain and the end at exit remain.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import logging
 import os
 import signal
 import threading
 import time
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
-from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
+from opentelemetry.trace import SpanContext, Status, StatusCode
 
 from otel_ttft import semconv
 from otel_ttft.runtime import clock, config, state_files
@@ -50,14 +52,6 @@ ACTIVATION_SPAN_NAMES = frozenset({
     semconv.SPAN_WAKE_UP, semconv.SPAN_ADAPTER_LOAD,
 })
 _ACTIVATION_FAMILIES = (semconv.STAGE_SWITCH, semconv.STAGE_LOAD, semconv.STAGE_WARMUP)
-
-
-def _stage_path(pid: int) -> Path:
-    return state_files.state_dir() / f"otel-ttft-open-{pid}.json"
-
-
-def _failure_path(trace_id: str) -> Path:
-    return state_files.state_dir() / f"otel-ttft-failed-{trace_id}.json"
 
 
 def span_stage(span: Any) -> str | None:
@@ -136,7 +130,7 @@ class InflightTracker(SpanProcessor):
         if not self._publish:
             return
         chain = [_describe(s) for s in self.open_spans()]
-        path = _stage_path(os.getpid())
+        path = state_files.open_chain_path(os.getpid())
         try:
             if not chain:
                 with contextlib.suppress(FileNotFoundError):
@@ -169,7 +163,7 @@ def tracker() -> InflightTracker | None:
 
 def install() -> InflightTracker:
     """This process's tracker, made (and what watches it started) once; our configurator adds it
-    to the provider it builds (``pipeline.add_local_processors``)."""
+    to the provider it builds, ahead of any exporting processor."""
     global _tracker
     with _install_lock:
         if _tracker is not None:
@@ -181,7 +175,7 @@ def install() -> InflightTracker:
         current = trace.get_current_span()
         if current.is_recording() and getattr(current, "name", None) in ACTIVATION_SPAN_NAMES:
             _tracker.on_start(current)
-    _remove_stale_state()
+    state_files.remove_stale()
     _register_gauge()
     _start_snapshots()
     _install_fatal_signal_handlers()
@@ -194,25 +188,11 @@ def _end_open_at_exit() -> None:
     end_open_spans("process exited before the activation finished", "process_exit")
 
 
-_STALE_S = 24 * 3600
-
-
-def _remove_stale_state() -> None:
-    """Files left by processes killed together with their parents (nobody read them)."""
-    cutoff = time.time() - _STALE_S
-    with contextlib.suppress(OSError):
-        for path in state_files.state_dir().glob("otel-ttft-*.json"):
-            if path.name.startswith(("otel-ttft-open-", "otel-ttft-failed-")):
-                with contextlib.suppress(OSError):
-                    if path.stat().st_mtime < cutoff:
-                        path.unlink()
-
-
 def _forget_published() -> None:
     if _tracker is not None:
         _tracker._publish = False
     with contextlib.suppress(OSError):
-        _stage_path(os.getpid()).unlink()
+        state_files.open_chain_path(os.getpid()).unlink()
 
 
 # --- the in-progress gauge ---
@@ -264,7 +244,7 @@ def _snapshot_loop() -> None:
             logger.debug("otel-ttft snapshot failed", exc_info=True)
 
 
-def _send(readable: ReadableSpan) -> None:
+def send(readable: ReadableSpan) -> None:
     """Straight to the processors that export (our configurator's; none for another provider)."""
     for proc in bounded_export.exporting_processors():
         with contextlib.suppress(Exception):
@@ -285,7 +265,7 @@ def export_snapshot() -> int:
         for span in _tracker.open_spans():
             if span.end_time is not None:
                 continue
-            _send(ReadableSpan(
+            send(ReadableSpan(
                 name=span.name, context=span.get_span_context(), parent=span.parent,
                 resource=span.resource,
                 attributes={**(span.attributes or {}), semconv.ATTR_SPAN_UNFINISHED: True},
@@ -318,60 +298,13 @@ def end_open_spans(reason: str, ended_by: str) -> int:
     return len(open_spans)
 
 
-def end_dead_child_spans(chain: list[dict], reason: str) -> int:
-    """A killed child's open spans (from its published chain), ended now with an error."""
-    now = clock.now_ns()
-    resource = getattr(config.tracer_provider(), "resource", None)
-    sent = 0
-    if not bounded_export.exporting_processors():
-        return 0  # a provider we did not build: nothing to send them through
-    for item in reversed(chain):
-        try:
-            trace_id, span_id = int(item["trace_id"], 16), int(item["span_id"], 16)
-            parent_id = int(item["parent_span_id"], 16) if item.get("parent_span_id") else None
-            start = int(item["start_ns"])
-        except (KeyError, TypeError, ValueError):
-            continue
-        flags = TraceFlags(TraceFlags.SAMPLED)
-        attrs = {**(item.get("attributes") or {}), semconv.ATTR_SPAN_ENDED_BY: "parent"}
-        if item.get("stage"):
-            attrs.setdefault(semconv.ATTR_STAGE, item["stage"])
-        kwargs = {"resource": resource} if resource is not None else {}
-        _send(ReadableSpan(
-            name=str(item.get("name") or "?"),
-            context=SpanContext(trace_id, span_id, is_remote=False, trace_flags=flags),
-            parent=SpanContext(trace_id, parent_id, is_remote=True, trace_flags=flags)
-            if parent_id else None,
-            attributes=attrs, status=Status(StatusCode.ERROR, reason),
-            start_time=start, end_time=max(now, start), **kwargs))
-        sent += 1
-    return sent
-
-
-def read_published(pid: int, *, remove: bool = False) -> dict | None:
-    """What a process (alive or dead) last published about its open activation spans."""
-    return state_files.read_json(_stage_path(pid), remove=remove)
-
-
 # --- the stage an activation failed in, shared by its processes ---
 def record_failure(context: SpanContext, stage: str | None, span_name: str, reason: str) -> None:
     """First failure of a trace wins: the deepest error is seen first, in whichever process."""
-    if not stage or context is None or not context.is_valid:
-        return
-    record = {"stage": stage, "span": span_name, "pid": os.getpid(),
-              "process_kind": this_process.kind, "reason": reason[:500]}
-    try:
-        fd = os.open(_failure_path(f"{context.trace_id:032x}"),
-                     os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except OSError:
-        return  # already recorded (or no state dir)
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(record))
-
-
-def take_failure(trace_id: int) -> dict | None:
-    """The recorded failure of a trace, removed (the root reads it once, when it ends)."""
-    return state_files.read_json(_failure_path(f"{trace_id:032x}"), remove=True)
+    if stage and context is not None and context.is_valid:
+        state_files.record_failure(context.trace_id, {
+            "stage": stage, "span": span_name, "pid": os.getpid(),
+            "process_kind": this_process.kind, "reason": reason[:500]})
 
 
 # --- fatal signals with no handler ---
