@@ -51,7 +51,10 @@ def build_config(serve_args: list[str]) -> Any:
     from vllm.config import VllmConfig
 
     if not serve_args:
-        return VllmConfig()
+        try:
+            return VllmConfig()
+        except Exception as exc:  # noqa: BLE001 - vLLM refusing this environment is the answer
+            raise RunnerChoiceError(f"vLLM refuses this configuration: {exc}") from exc
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     parser = _serve_parser()
@@ -67,10 +70,10 @@ def build_config(serve_args: list[str]) -> Any:
 
 
 @contextlib.contextmanager
-def _triton_as_installed(vllm_config: Any) -> Iterator[bool]:
-    """vLLM's config module's ``HAS_TRITON`` as "Triton is installed" for the time of one
-    question: what vLLM would answer on a host whose GPU driver Triton sees."""
-    module = importlib.import_module(type(vllm_config).__module__)
+def triton_as_installed() -> Iterator[bool]:
+    """vLLM's config module's ``HAS_TRITON`` as "Triton is installed" while vLLM builds and
+    answers one config: what it would answer on a host whose GPU driver Triton sees."""
+    module = importlib.import_module("vllm.config.vllm")
     installed = importlib.util.find_spec("triton") is not None
     saved = vars(module).get("HAS_TRITON")
     module.HAS_TRITON = installed
@@ -128,18 +131,26 @@ def _is_runner_class(owner: type) -> bool:
 def choose(device: str | None, serve_args: list[str],
            hooks: list[dict[str, Any]]) -> dict[str, Any]:
     """The runner vLLM would build on ``device`` (this host's platform when ``None``) for these
-    serve arguments, why, and its stage coverage."""
-    from vllm.platforms import current_platform
+    serve arguments, why, and its stage coverage; ``{"error": ...}`` where this vLLM lacks what
+    the choice is read from."""
+    try:
+        from vllm.config import VllmConfig
+        from vllm.platforms import current_platform
 
-    host = current_platform.device_type
+        host = current_platform.device_type
+        VllmConfig.use_v2_model_runner  # noqa: B018 - vLLM's choice must be there to read
+    except Exception as exc:  # noqa: BLE001 - an older or broken vLLM: doctor says so
+        return {"error": f"cannot read vLLM's runner choice: {type(exc).__name__}: {exc}",
+                "idle_hooks": []}
     target_device = device or host
-    config = build_config(serve_args)
     assumption = None
     if target_device == host:
+        config = build_config(serve_args)
         use_v2 = bool(config.use_v2_model_runner)
         reason = runners.choice_reason(config)
     else:
-        with _triton_as_installed(config) as installed:
+        with triton_as_installed() as installed:
+            config = build_config(serve_args)
             use_v2 = bool(config.use_v2_model_runner)
             reason = runners.choice_reason(config)
         triton = "usable (installed here)" if installed else "absent (not installed here)"
@@ -162,6 +173,8 @@ def choose(device: str | None, serve_args: list[str],
 
 def render(choice: dict[str, Any]) -> list[str]:
     """The text lines of the runner report."""
+    if "error" in choice:
+        return [f"model runner: {choice['error']}"]
     where = choice["device"] if choice["device"] == choice["host_device"] else (
         f"{choice['device']} (asked; this host: {choice['host_device']})")
     runner = choice["runner"] or "none otel-ttft knows"
