@@ -244,18 +244,26 @@ def test_v1_loading_span_is_named_from_inside_by_the_loader(exporter, hooks):
 
 
 def test_choice_reason_follows_vllms_own_answer(monkeypatch):
-    from vllm.config import VllmConfig
+    from vllm.config import DeviceConfig, VllmConfig
+    from vllm.platforms import current_platform
     from vllm.triton_utils import HAS_TRITON
 
     from otel_ttft.tools.runner_choice import triton_as_installed
 
-    if not HAS_TRITON and not VllmConfig().use_v2_model_runner:  # e.g. no CPU backend for it
+    if current_platform.device_type == "cpu" and not HAS_TRITON:  # no CPU backend for Triton
+        assert VllmConfig().use_v2_model_runner is False
         assert "requires Triton" in runners.choice_reason(VllmConfig())
+
+    def gpu_config():  # vLLM infers no device without a platform (a GPU build on a CPU host)
+        if current_platform.device_type:
+            return VllmConfig()
+        return VllmConfig(device_config=DeviceConfig(device="cuda"))
+
     with triton_as_installed():  # as on a GPU host, where Triton sees the driver
-        assert VllmConfig().use_v2_model_runner is True
-        assert runners.choice_reason(VllmConfig()).startswith("default: Model Runner V2")
+        assert gpu_config().use_v2_model_runner is True
+        assert runners.choice_reason(gpu_config()).startswith("default: Model Runner V2")
         for value, v2 in (("1", True), ("0", False)):
             monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", value)
-            config = VllmConfig()
+            config = gpu_config()
             assert config.use_v2_model_runner is v2
             assert runners.choice_reason(config) == f"VLLM_USE_V2_MODEL_RUNNER={value}"

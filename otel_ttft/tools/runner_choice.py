@@ -45,13 +45,16 @@ def _serve_parser() -> Any:
     return AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())
 
 
-def build_config(serve_args: list[str]) -> Any:
+def build_config(serve_args: list[str], device: str | None = None) -> Any:
     """vLLM's config for these serve arguments, built by vLLM (its parser, ``EngineArgs``); a
-    default ``VllmConfig`` when none are given."""
-    from vllm.config import VllmConfig
+    default ``VllmConfig`` when none are given (on ``device`` when named: vLLM infers none on a
+    host without its platform)."""
+    from vllm.config import DeviceConfig, VllmConfig
 
     if not serve_args:
         try:
+            if device is not None:
+                return VllmConfig(device_config=DeviceConfig(device=device))
             return VllmConfig()
         except Exception as exc:  # noqa: BLE001 - vLLM refusing this environment is the answer
             raise RunnerChoiceError(f"vLLM refuses this configuration: {exc}") from exc
@@ -150,11 +153,13 @@ def choose(device: str | None, serve_args: list[str],
         reason = runners.choice_reason(config)
     else:
         with triton_as_installed() as installed:
-            config = build_config(serve_args)
+            # vLLM infers no device where it finds no platform: name it then (only then: a
+            # platform's own checks refuse a device of another)
+            config = build_config(serve_args, None if host else target_device)
             use_v2 = bool(config.use_v2_model_runner)
             reason = runners.choice_reason(config)
         triton = "usable (installed here)" if installed else "absent (not installed here)"
-        assumption = f"not this host's platform ({host}): Triton counted as {triton}"
+        assumption = f"not this host's platform ({host or 'none'}): Triton counted as {triton}"
     runner = runners.runner_for(target_device, use_v2, bool(config.is_mm_encoder_only))
     result: dict[str, Any] = {
         "device": target_device, "host_device": host, "assumption": assumption,
@@ -176,7 +181,7 @@ def render(choice: dict[str, Any]) -> list[str]:
     if "error" in choice:
         return [f"model runner: {choice['error']}"]
     where = choice["device"] if choice["device"] == choice["host_device"] else (
-        f"{choice['device']} (asked; this host: {choice['host_device']})")
+        f"{choice['device']} (asked; this host: {choice['host_device'] or 'no vLLM platform'})")
     runner = choice["runner"] or "none otel-ttft knows"
     if choice["runner"] and not choice["runner_importable"]:
         runner += " (NOT importable in this vLLM)"
