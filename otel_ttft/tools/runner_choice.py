@@ -145,6 +145,9 @@ def choose(device: str | None, serve_args: list[str],
     except Exception as exc:  # noqa: BLE001 - an older or broken vLLM: doctor says so
         return {"error": f"cannot read vLLM's runner choice: {type(exc).__name__}: {exc}",
                 "idle_hooks": []}
+    if not host and device is None:
+        return {"error": "vLLM finds no platform on this host (no GPU, not a CPU build); name "
+                         "one with --device", "idle_hooks": []}
     target_device = device or host
     assumption = None
     if target_device == host:
