@@ -5,11 +5,14 @@ check: exit 2 with a message.
 Part 1 starts a real vLLM (official build) on the tiny model under ``opentelemetry-instrument``
 with sleep mode on, sends a request, sleeps and wakes the engine, sends another. Part 2 runs
 ``otel-ttft replay --driver sleep`` over both tiny models (cold-switch, switch-back, short-prompt).
-Both assert on the spans the embedded receiver got. Part 3 loads through fastsafetensors
-(``gpu_check_load``). Part 4 (``gpu_check_verify``, issue 19) replays, analyzes and runs
-``otel-ttft verify``, which must try the changes a CPU machine lists as "not tried here": sleep
-mode instead of restarts, CUDA graph capture sizes limited to the observed batch sizes, the
-memory split of two resident servers. Run: ``scripts/gpu-check`` (after setup).
+Both assert on the spans the embedded receiver got. Part 0 starts the server once per model
+runner (``VLLM_USE_V2_MODEL_RUNNER=1``: Model Runner V2, vLLM's GPU default; ``=0``: V1) and
+asserts graph capture and KV allocation, with their numbers and the runner named, on each.
+Part 3 loads through fastsafetensors (``gpu_check_load``). Part 4 (``gpu_check_verify``,
+issue 19) replays, analyzes and runs ``otel-ttft verify``, which must try the changes a CPU
+machine lists as "not tried here": sleep mode instead of restarts, CUDA graph capture sizes
+limited to the observed batch sizes, the memory split of two resident servers.
+Run: ``scripts/gpu-check`` (after setup).
 """
 
 from __future__ import annotations
@@ -81,6 +84,66 @@ def check(spans: list[dict]) -> list[str]:
         problems.append(f"expected one start activation, got {len(starts)}")
     elif coverage(starts[0]) < 0.95:
         problems.append(f"start activation coverage {coverage(starts[0]):.2f} < 0.95")
+    return problems
+
+
+#: VLLM_USE_V2_MODEL_RUNNER -> the runner vLLM's GPU worker then builds
+RUNNERS = {"1": "vllm.v1.worker.gpu.model_runner.GPUModelRunner",
+           "0": "vllm.v1.worker.gpu_model_runner.GPUModelRunner"}
+
+
+def check_runner(spans: list[dict], runner: str) -> list[str]:
+    """Problems in one start under ``runner``: graph capture and KV allocation, each one span
+    with its stage, its numbers and this runner named on it."""
+    problems = []
+    label = "V2" if ".gpu.model_runner." in runner else "V1"
+    expected = {
+        "Capture model": (semconv.STAGE_WARMUP_GRAPH_CAPTURE,
+                          (semconv.ATTR_GRAPH_COUNT, semconv.ATTR_GRAPH_MEMORY_BYTES)),
+        semconv.SPAN_KV_ALLOC: (semconv.STAGE_WARMUP_KV_ALLOC,
+                                (semconv.ATTR_KV_BLOCKS, semconv.ATTR_KV_BYTES)),
+    }
+    for name, (stage, numbers) in expected.items():
+        found = [s for s in spans if s["name"] == name
+                 and s["attributes"].get(semconv.ATTR_STAGE) == stage]
+        if len(found) != 1:
+            problems.append(f"{label}: expected one '{name}' [{stage}] span, got {len(found)}")
+            continue
+        attrs = found[0]["attributes"]
+        problems += [f"{label}: '{name}' has no {key} > 0" for key in numbers
+                     if not attrs.get(key, 0) > 0]
+        if attrs.get(semconv.ATTR_MODEL_RUNNER) != runner:
+            problems.append(f"{label}: '{name}' names runner "
+                            f"{attrs.get(semconv.ATTR_MODEL_RUNNER)!r}, not {runner}")
+    return problems
+
+
+def each_runner(model: Path, out: Path, timeout: float) -> list[str]:
+    """Part 0: one traced start and one request per model runner."""
+    problems = []
+    for flag, runner in RUNNERS.items():
+        (out / f"v2={flag}").mkdir(parents=True, exist_ok=True)
+        store = SpanStore(out / f"v2={flag}")
+        with OTLPReceiver(store) as receiver:
+            env = {**telemetry_env(receiver.http_endpoint), "OTEL_BSP_SCHEDULE_DELAY": "200",
+                   "VLLM_USE_V2_MODEL_RUNNER": flag}
+            server = VllmServer(model, env=env, log_path=out / f"vllm-server-v2={flag}.log",
+                                extra_args=("--gpu-memory-utilization", "0.3"))
+            server.start(timeout_s=timeout)
+            try:
+                _post(f"{server.url}/v1/completions",
+                      {"model": str(model), "prompt": "hello", "max_tokens": 4})
+            finally:
+                server.stop()
+            with contextlib.suppress(TimeoutError):
+                receiver.wait_for_spans(lambda s, r=runner: not check_runner(s, r), timeout=30)
+        found = check_runner(store.spans(), runner)
+        for span in store.spans():
+            if span["name"] in ("Capture model", semconv.SPAN_KV_ALLOC):
+                numbers = {k: v for k, v in span["attributes"].items()
+                           if k.startswith(("ttft.graph.", "ttft.kv."))}
+                print(f"gpu-check: VLLM_USE_V2_MODEL_RUNNER={flag}: {span['name']} {numbers}")
+        problems += found
     return problems
 
 
@@ -178,7 +241,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     model = ensure_tiny_model()
     args.out.mkdir(parents=True, exist_ok=True)
-    problems = guarded("sleep/wake", lambda: sleep_and_wake(model, args.out, args.timeout))
+    problems = guarded("runners", lambda: each_runner(model, args.out / "runners",
+                                                      args.timeout))  # issue 45
+    problems += guarded("sleep/wake", lambda: sleep_and_wake(model, args.out, args.timeout))
     problems += guarded("replay", lambda: replay_with_sleep_driver(args.out / "replay",
                                                                    args.timeout))
     problems += guarded("fastsafetensors", lambda: run_fastsafetensors(  # issue 10

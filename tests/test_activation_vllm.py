@@ -98,6 +98,14 @@ def assert_complete_activation(root, spans, model_dir, *, plugin_only=False):
     assert kv["attributes"][semconv.ATTR_KV_TOKEN_CAPACITY] == \
         kv["attributes"][semconv.ATTR_KV_BLOCKS] * kv["attributes"][semconv.ATTR_KV_BLOCK_SIZE]
 
+    # Which model runner produced the stages (issue 45): the CPU build's V1 runner, here.
+    cpu_v1 = "vllm.v1.worker.cpu_model_runner.CPUModelRunner"
+    for span in [kv, *by_name(spans, semconv.SPAN_PROFILE_RUN),
+                 *by_name(spans, semconv.SPAN_LOADING_CPU)]:
+        assert span["attributes"][semconv.ATTR_MODEL_RUNNER] == cpu_v1, span["name"]
+        assert "Triton" in span["attributes"][semconv.ATTR_MODEL_RUNNER_REASON]
+    assert by_name(spans, semconv.SPAN_LOADING_CPU)
+
     # The parent fix: worker work triggered over collective_rpc sits under EngineCore's span.
     assert parent_name(spans, kv) == "Prepare model"
     for profile in by_name(spans, semconv.SPAN_PROFILE_RUN):

