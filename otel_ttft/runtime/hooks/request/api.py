@@ -119,25 +119,34 @@ def wrap_add_request(call: Any, instance: Any, args: tuple, kwargs: dict) -> Any
 def wrap_process_outputs(call: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """Ahead of vLLM's step, the outputs of the requests still waiting for their first two
     tokens (``fresh``): when the first came, EngineCore's payload, the events, the second
-    token's time. A step with no such request costs a dict's truth test."""
+    token's time. A step with no such request costs a dict's truth test. A request the engine
+    rejected on arrival (vLLM 0.33's ``EngineCoreOutput.error``) ends in this step."""
     fresh = book.fresh
-    if fresh:
-        outputs = args[0] if args else kwargs["engine_core_outputs"]
-        ts = args[1] if len(args) > 1 else kwargs.get("engine_core_timestamp")
-        now = time.monotonic()
-        for eco in outputs:
-            rec = fresh.get(eco.request_id)
-            if rec is None:
-                continue
-            if rec.recv is None:
-                rec.on_first(eco, ts or now, now)
-                if rec.flush is not None:  # the response's next body chunk carries it
-                    rec.flush.armed = True
-            else:
-                rec.on_output(eco, ts or now)
-            if rec.second_tok is not None or rec.rejected is not None or rec.finish is not None:
-                book.watched(rec.rid)
-    return call(*args, **kwargs)
+    if not fresh:
+        return call(*args, **kwargs)
+    outputs = args[0] if args else kwargs["engine_core_outputs"]
+    ts = args[1] if len(args) > 1 else kwargs.get("engine_core_timestamp")
+    now = time.monotonic()
+    rejected = []
+    for eco in outputs:
+        rec = fresh.get(eco.request_id)
+        if rec is None:
+            continue
+        if rec.recv is None:
+            rec.on_first(eco, ts or now, now)
+            if rec.flush is not None:  # the response's next body chunk carries it
+                rec.flush.armed = True
+            if rec.rejected is not None:
+                rejected.append(rec)
+        else:
+            rec.on_output(eco, ts or now)
+        if rec.second_tok is not None or rec.rejected is not None or rec.finish is not None:
+            book.watched(rec.rid)
+    result = call(*args, **kwargs)
+    for rec in rejected:  # vLLM let it go without ``_update_stats_from_finished``
+        if rec.rid not in instance.request_states:
+            settle.end(book.forget(rec.rid), now)
+    return result
 
 
 # --- OutputProcessor._update_stats_from_finished: a request ended ---------------------------------
