@@ -61,7 +61,7 @@ def span_stage(span: Any) -> str | None:
     return semconv.VLLM_SPAN_STAGES.get(getattr(span, "name", ""))
 
 
-def _is_activation_stage(stage: str | None) -> bool:
+def is_activation_stage(stage: str | None) -> bool:
     return stage is not None and semconv.stage_family(stage) in _ACTIVATION_FAMILIES
 
 
@@ -100,7 +100,7 @@ class InflightTracker(SpanProcessor):
             return
         if span.status.status_code is StatusCode.ERROR:
             stage = span_stage(span)
-            if _is_activation_stage(stage):  # the innermost span ends first: it names the stage
+            if is_activation_stage(stage):  # the innermost span ends first: it names the stage
                 record_failure(span.context, stage, span.name, str(span.status.description or ""))
         self.publish()
 
@@ -121,7 +121,7 @@ class InflightTracker(SpanProcessor):
     def innermost(self) -> Any | None:
         """The most recently opened span that names an activation stage."""
         for span in reversed(self.open_spans()):
-            if _is_activation_stage(span_stage(span)):
+            if is_activation_stage(span_stage(span)):
                 return span
         return None
 

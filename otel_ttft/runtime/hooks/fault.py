@@ -89,7 +89,7 @@ def report_dead_children(procs: list[Any], kind: str) -> int:
         published = state_files.read_open_chain(proc.pid, remove=True) or {}
         chain = published.get("open") or []
         innermost = next((c for c in reversed(chain)
-                          if inflight._is_activation_stage(c.get("stage"))), None)
+                          if inflight.is_activation_stage(c.get("stage"))), None)
         attrs: dict[str, Any] = {semconv.ATTR_CHILD_PID: proc.pid,
                                  semconv.ATTR_CHILD_EXIT_CODE: code,
                                  semconv.ATTR_PROCESS_KIND: published.get("process_kind") or kind}
