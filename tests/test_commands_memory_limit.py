@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import resource
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -138,3 +140,17 @@ def test_a_span_file_larger_than_the_limit_holds_is_one_line(tmp_path: Path) -> 
     for command in ("tree", "analyze"):
         proc = limited(command, str(big))
         assert_refused(proc, f"otel-ttft {command}: out of memory")
+
+
+@pytest.mark.vllm_import
+def test_the_vllm_probe_says_when_the_limit_is_why() -> None:
+    """``analyze`` words its advice in the installed vLLM's flags, read by importing vLLM in a
+    child process; vLLM and torch map more than 1 GiB, so under the limit that import fails and
+    the verdicts say why their flags are unchecked (``analyze`` itself runs on)."""
+    code = ("from otel_ttft.tools.analysis import knobs\n"
+            "try:\n    knobs.probe()\nexcept knobs.KnobsUnavailable as exc:\n    print(exc)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, preexec_fn=under_limit)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "cannot read vLLM's parser" in proc.stdout
+    assert "under an address-space limit of 1024 MiB, too little to import vLLM" in proc.stdout
