@@ -74,6 +74,14 @@ def test_dev_full_as_the_output_says_it_is_full(store_copy: Path, analysis: Path
                    "always full (no space left on device)")
 
 
+def test_verify_refuses_dev_full_before_it_runs(analysis: Path, tmp_path: Path) -> None:
+    device = full_device(tmp_path)
+    proc = cli("verify", str(analysis), "--out", str(tmp_path / "verify"), "--json", str(device))
+    assert_refused(proc, f"otel-ttft verify: --json {device}: ",
+                   "always full (no space left on device)")
+    assert not (tmp_path / "verify").exists()  # refused before anything ran
+
+
 @pytest.mark.parametrize("command", WRITERS)
 def test_a_full_file_system_is_named(store_copy: Path, analysis: Path, full_fs: Path,
                                      command: str) -> None:

@@ -89,6 +89,12 @@ def _options(args: argparse.Namespace) -> Options:
     if _same(json_out, analysis):
         raise VerifyError(f"--json {json_out} is the input: the original analysis is never "
                           "overwritten")
+    if args.json == safe_io.STDOUT or json_out.parent.is_dir():  # else made with --out
+        try:  # the output rule before anything runs: not a device, a directory, the input
+            safe_io.Output(json_out if args.json != safe_io.STDOUT else args.json,
+                           inputs=[str(analysis)], allow_stdout=False)
+        except safe_io.OutputError as exc:
+            raise VerifyError(f"--json {exc}") from None
     return Options(analysis, out, json_out, tuple(args.scenario), tries, timeout,
                    bool(getattr(args, "brief", False)), tuple(getattr(args, "candidate", ())))
 
