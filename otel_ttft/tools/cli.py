@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
 import signal
 import sys
@@ -398,14 +399,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 2
     previous = _exit_on_sigterm() if args.command in _FILE_COMMANDS else None
     try:
-        return args.func(args)
+        rc = args.func(args)
+        sys.stdout.flush()  # a full device shows here, not in the interpreter's exit
+        return rc
     except BrokenPipeError:  # `otel-ttft ... | head`: the reader left; no traceback
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        _stdout_to_devnull()
         return 1
+    except OSError as exc:
+        return _stdout_failed(f"otel-ttft {args.command}", exc)
+    except MemoryError:  # an address-space limit (ulimit -v) or overcommit off
+        print(f"otel-ttft {args.command}: out of memory (a ulimit -v or the machine's memory); "
+              "read a smaller input or allow more", file=sys.stderr)
+        return 2
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _stdout_failed(prog: str, exc: OSError) -> int:
+    """A full device under what the command printed (`> /dev/full`; files of ours are named by
+    ``safe_io``): one line, exit 2. Any other error is not ours to word."""
+    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        raise exc
+    where = None if exc.filename is None else Path(os.fsdecode(exc.filename)).parent
+    _stdout_to_devnull()
+    print(f"{prog}: {'stdout' if where is None else os.fsdecode(exc.filename)}: "
+          f"{safe_io.write_failure(exc, where)}", file=sys.stderr)
+    return 2
+
+
+def _stdout_to_devnull() -> None:
+    """What is left in stdout's buffer goes nowhere (the reader left, or the device is full),
+    so the interpreter's own flush at exit has nothing to complain about."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 # Commands that read and write files: SIGTERM unwinds them like Ctrl-C, so a temporary output

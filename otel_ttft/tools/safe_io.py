@@ -19,6 +19,7 @@ names the file; the commands print it and exit 2.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import shutil
@@ -72,8 +73,30 @@ def describe_mode(mode: int) -> str:
     return "not a regular file"
 
 
+def _describe_target(st: os.stat_result) -> str:
+    """What a non-regular output target is; Linux's always-full device (character 1:7, as
+    /dev/full) says that writing there fails as a full disk does."""
+    if stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == (1, 7):
+        return "a character device that is always full (no space left on device)"
+    return describe_mode(st.st_mode)
+
+
 def _reason(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
+
+
+# Write errors that say the disk is full, in the words a person looks for.
+_FULL = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
+
+
+def write_failure(exc: OSError, directory: str | os.PathLike[str] | None) -> str:
+    """Why a write failed, for a one-line message: a full device says so and names where
+    (the file system holding ``directory``, or stdout's device when None)."""
+    full = _FULL.get(exc.errno)  # type: ignore[arg-type]
+    if full is None:
+        return f"cannot write: {_reason(exc)}"
+    where = "stdout's device" if directory is None else f"the file system holding {directory}"
+    return f"cannot write: {full} ({where} is full)"
 
 
 # --- reading -----------------------------------------------------------------------------------
@@ -116,20 +139,42 @@ def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
         raise
 
 
+_CHUNK = 1 << 20  # what one read asks for beyond the size the file had when opened
+
+
 def read_bytes(path: str | os.PathLike[str], cap: int, what: str = "this file") -> bytes:
     """The whole regular file, refused when it holds more than ``cap`` bytes (checked before
-    reading, and while reading, for a file that grows)."""
+    reading, and while reading, for a file that grows). Reads what the file holds, never the
+    cap: a buffer of its size, then bounded chunks to EOF (a file that grew, or one whose size
+    ``stat`` does not know, as in /proc), so a large cap reserves no memory."""
     with open_regular(path) as f:
         size = os.fstat(f.fileno()).st_size
         if size > cap:
             raise InputError(path, f"larger than the {size_text(cap)} cap for {what}")
+        chunks: list[bytes] = []
+        total = 0
         try:
-            data = f.read(cap + 1)
+            want = size + 1  # one byte more than it holds: EOF seen in the first read
+            while total <= cap:
+                chunk = f.read(min(want, cap + 1 - total))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                total += len(chunk)
+                want = _CHUNK
         except OSError as exc:
             raise InputError(path, f"cannot read: {_reason(exc)}") from None
-    if len(data) > cap:
+        except MemoryError:
+            raise InputError(path, f"not enough memory to read its {size_text(size)}"
+                             ) from None
+    if total > cap:
         raise InputError(path, f"larger than the {size_text(cap)} cap for {what}")
-    return data
+    if len(chunks) == 1:
+        return chunks[0]
+    try:
+        return b"".join(chunks)
+    except MemoryError:
+        raise InputError(path, f"not enough memory to read its {size_text(total)}") from None
 
 
 def read_header(path: str | os.PathLike[str], n: int) -> bytes:
@@ -214,7 +259,7 @@ class Output:
         if st is not None and stat.S_ISDIR(st.st_mode):
             raise OutputError(target, f"is a directory{hint}")
         if st is not None and not stat.S_ISREG(st.st_mode):
-            raise OutputError(target, f"{describe_mode(st.st_mode)}, not a regular file{hint}")
+            raise OutputError(target, f"{_describe_target(st)}, not a regular file{hint}")
         real = path.resolve()
         parent = real.parent
         try:
@@ -242,10 +287,11 @@ class Output:
         ends without an exception. Write errors (disk full, file too large) are OutputError."""
         path = self._check()  # again: the target may have changed while the input was read
         where = str(self)
+        spool_dir = tempfile.gettempdir() if path is None else path.parent
         try:
             spool = _spool(path)
         except OSError as exc:
-            raise OutputError(where, f"cannot write: {_reason(exc)}") from None
+            raise OutputError(where, write_failure(exc, spool_dir)) from None
         tmp = None if path is None else Path(spool.name)
         try:
             try:
@@ -256,12 +302,17 @@ class Output:
                     os.fchmod(spool.fileno(), _mode_for(path))
                     os.fsync(spool.fileno())
             except OSError as exc:
-                raise OutputError(where, f"cannot write: {_reason(exc)}") from None
+                raise OutputError(where, write_failure(exc, spool_dir)) from None
             if path is None:
                 spool.seek(0)
-                sys.stdout.flush()
-                shutil.copyfileobj(spool, sys.stdout.buffer)  # BrokenPipeError: the CLI's
-                sys.stdout.buffer.flush()
+                try:
+                    sys.stdout.flush()
+                    shutil.copyfileobj(spool, sys.stdout.buffer)  # BrokenPipeError: the CLI's
+                    sys.stdout.buffer.flush()
+                except BrokenPipeError:
+                    raise
+                except OSError as exc:
+                    raise OutputError(where, write_failure(exc, None)) from None
                 return
             spool.close()
             self._check()
@@ -269,7 +320,7 @@ class Output:
                 os.replace(tmp, path)
                 tmp = None
             except OSError as exc:
-                raise OutputError(where, f"cannot write: {_reason(exc)}") from None
+                raise OutputError(where, write_failure(exc, path.parent)) from None
             _fsync_dir(path.parent)
         finally:
             with contextlib.suppress(OSError):

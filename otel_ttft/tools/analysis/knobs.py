@@ -220,7 +220,22 @@ def probe(python: str = sys.executable, timeout_s: float = PROBE_TIMEOUT_S) -> d
         if line.startswith(_MARK):
             return json.loads(line[len(_MARK):])
     last = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
-    raise KnobsUnavailable(f"cannot read vLLM's parser (exit {done.returncode}): {last}")
+    raise KnobsUnavailable(f"cannot read vLLM's parser (exit {done.returncode}"
+                           f"{_address_space_note()}): {last}")
+
+
+def _address_space_note() -> str:
+    """Under ``ulimit -v`` importing vLLM (torch and its extensions map GiBs of address space)
+    fails where the commands themselves run: say so, since the child's error does not."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    except (ImportError, OSError, ValueError):
+        return ""
+    if soft == resource.RLIM_INFINITY:
+        return ""
+    return f"; under an address-space limit of {soft >> 20} MiB, too little to import vLLM"
 
 
 @functools.cache

@@ -24,17 +24,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import re
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
 from otel_ttft import semconv
+from otel_ttft.tools import safe_io
 from otel_ttft.tools.analysis import knobs
-from otel_ttft.tools.analysis.contract import AnalysisFileError, load_analysis
+from otel_ttft.tools.analysis.contract import MAX_FILE_BYTES, AnalysisFileError, load_analysis
 from otel_ttft.tools.analysis.verification import STATUS_FAILED, print_verifications
 from otel_ttft.tools.replay import setup as replay_setup
 from otel_ttft.tools.replay.verify_run import MAX_TRIES, Options, Runner, wanted
@@ -90,6 +89,12 @@ def _options(args: argparse.Namespace) -> Options:
     if _same(json_out, analysis):
         raise VerifyError(f"--json {json_out} is the input: the original analysis is never "
                           "overwritten")
+    if args.json == safe_io.STDOUT or json_out.parent.is_dir():  # else made with --out
+        try:  # the output rule before anything runs: not a device, a directory, the input
+            safe_io.Output(json_out if args.json != safe_io.STDOUT else args.json,
+                           inputs=[str(analysis)], allow_stdout=False)
+        except safe_io.OutputError as exc:
+            raise VerifyError(f"--json {exc}") from None
     return Options(analysis, out, json_out, tuple(args.scenario), tries, timeout,
                    bool(getattr(args, "brief", False)), tuple(getattr(args, "candidate", ())))
 
@@ -121,8 +126,8 @@ def run_argv(argv: Sequence[str], stream: TextIO | None = None) -> int:
 def _load(path: Path) -> dict:
     try:
         load_analysis(path)  # the contract: every field typed and bounded, one line on a defect
-        return json.loads(path.read_bytes())
-    except AnalysisFileError as exc:
+        return json.loads(safe_io.read_bytes(path, MAX_FILE_BYTES, "an analysis.json"))
+    except (AnalysisFileError, safe_io.InputError) as exc:
         raise VerifyError(str(exc)) from None
     except (OSError, ValueError) as exc:
         raise VerifyError(f"{path}: cannot read: {exc}") from None
@@ -217,18 +222,12 @@ def _main(opts: Options, out: TextIO) -> int:
 
 
 def _write_json(path: Path, doc: dict) -> None:
-    """Whole or not at all: written beside the target, then renamed over it."""
+    """Whole or not at all, by the commands' output rule (``safe_io``)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(doc, f, indent=1, allow_nan=False)
-                f.write("\n")
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        text = json.dumps(doc, indent=1, allow_nan=False) + "\n"
+        safe_io.Output(path, allow_stdout=False).write(text)
+    except safe_io.OutputError as exc:
+        raise VerifyError(str(exc)) from None
     except OSError as exc:
         raise VerifyError(f"cannot write {path}: {exc.strerror or exc}") from None
