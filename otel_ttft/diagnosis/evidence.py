@@ -11,6 +11,8 @@ import statistics
 
 from otel_ttft import semconv
 
+__all__ = ["correlation_note", "evidence", "load_unchanged", "state_notes"]
+
 
 def _median(values: list) -> float:
     return statistics.median(values) if values else 0.0

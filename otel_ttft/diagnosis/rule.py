@@ -19,6 +19,11 @@ what to re-run instead of naming a stage from a floor. An increase within the no
 ``none``: no slower than the baseline. Next to the one stage to fix, the verdict lists the
 ``chain``: every stage that grew by at least 10 % of the increase, in pipeline order, with its
 share, so the operator sees what the fix removes and what it leaves.
+
+Where the noise cannot be measured but a decision is wanted all the same (the runtime's live
+verdict on an activation with one or two earlier ones of its model on the host), ``thin``
+thresholds stand in for it: the alert rules' factor and minimum seconds
+(``diagnosis.thresholds``), and the verdict says that its baseline is thin.
 """
 
 from __future__ import annotations
@@ -28,8 +33,15 @@ import statistics
 from collections.abc import Sequence
 
 from otel_ttft import semconv
-from otel_ttft.tools.analysis import evidence as ev
-from otel_ttft.tools.analysis.breakdown import PIPELINE
+from otel_ttft.diagnosis import evidence as ev
+from otel_ttft.diagnosis.thresholds import AlertThresholds
+
+PIPELINE = semconv.TTFT_PIPELINE
+__all__ = ["EXPANDED", "FIXES", "KEEP_RESIDENT", "MATERIAL_SHARE", "MIN_BASELINE_N",
+           "NOISE_FLOOR_S", "NOISE_FLOOR_SHARE", "NOISE_K", "NONE", "PERSIST_ARTIFACTS",
+           "PIPELINE", "SIDE_STAGES",
+           "TUNE_ADMISSION", "TUNE_CONTEXT", "UNDETERMINED", "WARM_UP", "WITHIN_NOISE", "core",
+           "fix_for", "median", "noise", "rerun_hint", "spread", "verdict"]
 
 MATERIAL_SHARE = 0.10  # of the scenario's TTFT increase
 NOISE_FLOOR_S = 0.002  # below this no two runs on one machine are told apart
@@ -143,13 +155,17 @@ def rerun_hint(baseline: str) -> str:
     return f"at least {MIN_BASELINE_N} requests of {baseline}"
 
 
-def verdict(scenario: str, baseline: str, rows: list[dict], base_rows: list[dict]) -> dict:
-    """One verdict for ``scenario`` against ``baseline`` from their request records."""
+def verdict(scenario: str, baseline: str, rows: list[dict], base_rows: list[dict], *,
+            thin: AlertThresholds | None = None) -> dict:
+    """One verdict for ``scenario`` against ``baseline`` from their records (requests, or
+    activations taken as one record each). ``thin``: with 1 to ``MIN_BASELINE_N`` - 1 baseline
+    records, judge by these thresholds instead of calling the verdict undetermined."""
     ttft = [r["client_ttft_s"] for r in rows]
     base_ttft = [r["client_ttft_s"] for r in base_rows]
     increase = median(ttft) - median(base_ttft)
     floor = max(NOISE_FLOOR_S, NOISE_FLOOR_SHARE * median(base_ttft))
-    ttft_noise = noise(base_ttft, floor, against=len(rows))
+    thin = thin if thin is not None and 0 < len(base_rows) < MIN_BASELINE_N else None
+    ttft_noise = thin.min_seconds if thin else noise(base_ttft, floor, against=len(rows))
     evidence = ev.evidence(rows, base_rows)
     evidence.update(ttft_delta_s=round(increase, 6), noise_s=round(ttft_noise, 6))
     # Stage deltas between the requests around each median (the middle half by TTFT): they add
@@ -160,6 +176,7 @@ def verdict(scenario: str, baseline: str, rows: list[dict], base_rows: list[dict
         [r["client_ttft_s"] for r in base_mid])
     deltas = {s: (_mean([r["stages"][s] for r in mid])
                   - _mean([r["stages"][s] for r in base_mid]),
+                  thin.stage_noise(median([r["stages"][s] for r in base_rows])) if thin else
                   noise([r["stages"][s] for r in base_rows], floor, against=len(rows)))
               for s in PIPELINE}
     evidence["stage_deltas_s"] = {s: round(d, 6) for s, (d, _) in deltas.items()}
@@ -168,7 +185,12 @@ def verdict(scenario: str, baseline: str, rows: list[dict], base_rows: list[dict
            "delta_s": round(increase, 6), "recommendation": NONE, "evidence": evidence,
            "chain": []}
     p50, base_p50 = median(ttft), median(base_ttft)
-    if len(base_rows) < MIN_BASELINE_N:
+    if thin:
+        evidence["thin_baseline"] = True
+        notes.insert(0, f"thin baseline: {len(base_rows)} earlier record(s), fewer than "
+                        f"{MIN_BASELINE_N}, so no measured noise; judged by the alert thresholds "
+                        f"(x{thin.factor:g} and +{thin.min_seconds:g} s per stage)")
+    if len(base_rows) < MIN_BASELINE_N and not thin:
         notes.insert(0, f"{baseline} has {len(base_rows)} request(s), fewer than "
                         f"{MIN_BASELINE_N}: its noise cannot be measured, so no stage is named")
         evidence["note"] = "; ".join(notes)
@@ -177,7 +199,7 @@ def verdict(scenario: str, baseline: str, rows: list[dict], base_rows: list[dict
             f"whose {len(base_rows)} request(s) cannot measure the noise); re-run with "
             f"{rerun_hint(baseline)}"))
         return out
-    if increase <= ttft_noise:
+    if increase <= ttft_noise:  # thin: the whole start is within the minimum seconds
         notes.insert(0, f"TTFT p50 {_s(p50)} vs {_s(base_p50)}: no expansion beyond the noise "
                         f"({_s(ttft_noise)})")
         evidence["note"] = "; ".join(notes)
@@ -192,7 +214,15 @@ def verdict(scenario: str, baseline: str, rows: list[dict], base_rows: list[dict
                 f"{s} +{_s(deltas[s][0])}" for s in moved) if moved else "")))
         return out
     chain = _chain(deltas, mid_increase, mid, base_mid, least=min(increase, mid_increase))
-    chosen, skipped = _walk(deltas, mid_increase, evidence)
+    chosen, skipped = _walk(deltas, mid_increase, evidence, largest=not thin)
+    if chosen is None:  # thin: no stage beyond the thresholds, however the total moved
+        notes.insert(0, f"TTFT {_signed(increase)}, but no stage grew beyond the alert "
+                        f"thresholds (x{thin.factor:g} and +{thin.min_seconds:g} s)")
+        evidence["note"] = "; ".join(notes)
+        out.update(outcome=WITHIN_NOISE, chain=chain, summary=(
+            f"{scenario}: {_signed(increase)} against {baseline}, no stage beyond the alert "
+            f"thresholds (thin baseline: {len(base_rows)} earlier record(s)); nothing to change"))
+        return out
     substage = _largest_substage(chosen, mid, base_mid)
     fix, advice = fix_for(substage, chosen)
     delta = deltas[chosen][0]
@@ -204,23 +234,27 @@ def verdict(scenario: str, baseline: str, rows: list[dict], base_rows: list[dict
                outcome=EXPANDED, chain=chain)
     share = f" ({delta / mid_increase:.0%})" if mid_increase > 0 else ""
     evidence["middle_half_ttft_delta_s"] = round(mid_increase, 6)
+    if thin:
+        evidence["note"] = "; ".join(notes)
     if abs(mid_increase - increase) > 0.25 * increase:  # two groups of requests, not one
         notes.append(f"its requests are not alike: the middle half by TTFT differs by "
                      f"{_signed(mid_increase)}, the medians by {_signed(increase)}; shares are "
                      f"of the middle half's")
         evidence["note"] = "; ".join(notes)
-    out["summary"] = (f"{scenario}: TTFT +{_s(increase)} over {baseline} (noise "
-                      f"{_s(ttft_noise)}); earliest stage that expanded: {chosen} "
+    out["summary"] = (f"{scenario}: TTFT +{_s(increase)} over {baseline} ("
+                      + ("thin baseline, alert thresholds" if thin else f"noise {_s(ttft_noise)}")
+                      + f"); earliest stage that expanded: {chosen} "
                       f"+{_s(delta)}{share}"
                       + (f" (most in {substage})" if substage and substage != chosen else "")
                       + f" -> {fix}: {advice}" + _chain_text(chain))
     return out
 
 
-def _walk(deltas: dict[str, tuple[float, float]], increase: float, evidence: dict
-          ) -> tuple[str, list[str]]:
+def _walk(deltas: dict[str, tuple[float, float]], increase: float, evidence: dict, *,
+          largest: bool = True) -> tuple[str | None, list[str]]:
     """The article's walk: the earliest stage of the causal chain that expanded materially;
-    a side stage (front end, network) only when it grew more."""
+    a side stage (front end, network) only when it grew more. None expanded: the one that grew
+    most when ``largest``, else ``None``."""
     skipped = []
     material = [s for s in PIPELINE
                 if deltas[s][0] > deltas[s][1] and deltas[s][0] >= MATERIAL_SHARE * increase]
@@ -237,6 +271,8 @@ def _walk(deltas: dict[str, tuple[float, float]], increase: float, evidence: dic
     elif largest_side:
         skipped.append(f"{largest_side} also grew (+{deltas[largest_side][0]:.3f} s), less "
                        f"than {chosen}")
+    if chosen is None and not largest:
+        return None, skipped
     if chosen is None:  # spread thin over several stages: name the one that grew most
         chosen = max(PIPELINE, key=lambda s: deltas[s][0])
         skipped.append("no single stage grew by 10 % of the increase; naming the largest")
