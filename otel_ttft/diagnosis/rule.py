@@ -41,7 +41,7 @@ __all__ = ["EXPANDED", "FIXES", "KEEP_RESIDENT", "MATERIAL_SHARE", "MIN_BASELINE
            "NOISE_FLOOR_S", "NOISE_FLOOR_SHARE", "NOISE_K", "NONE", "PERSIST_ARTIFACTS",
            "PIPELINE", "SIDE_STAGES",
            "TUNE_ADMISSION", "TUNE_CONTEXT", "UNDETERMINED", "WARM_UP", "WITHIN_NOISE", "core",
-           "fix_for", "median", "noise", "rerun_hint", "spread", "verdict"]
+           "fix_for", "median", "noise", "rerun_hint", "seconds_text", "spread", "verdict"]
 
 MATERIAL_SHARE = 0.10  # of the scenario's TTFT increase
 NOISE_FLOOR_S = 0.002  # below this no two runs on one machine are told apart
@@ -176,7 +176,7 @@ def verdict(scenario: str, baseline: str, rows: list[dict], base_rows: list[dict
         [r["client_ttft_s"] for r in base_mid])
     deltas = {s: (_mean([r["stages"][s] for r in mid])
                   - _mean([r["stages"][s] for r in base_mid]),
-                  thin.stage_noise(median([r["stages"][s] for r in base_rows])) if thin else
+                  _thin_noise(s, rows, base_rows, thin) if thin else
                   noise([r["stages"][s] for r in base_rows], floor, against=len(rows)))
               for s in PIPELINE}
     evidence["stage_deltas_s"] = {s: round(d, 6) for s, (d, _) in deltas.items()}
@@ -299,6 +299,23 @@ def _chain(deltas: dict[str, tuple[float, float]], increase: float, rows: list[d
     return out
 
 
+def _thin_noise(stage: str, rows: list[dict], base_rows: list[dict],
+                thin: AlertThresholds) -> float:
+    """The alert thresholds for a family, applied where the alert applies them: to the part of
+    it that grew most (a sub-stage, or the family's own time outside its sub-stages), so a
+    compile that took four times as long is not hidden by the rest of the warm-up."""
+    def parts(r: dict) -> dict[str, float]:
+        subs = {k: v for k, v in r["substages"].items() if semconv.stage_family(k) == stage}
+        return {**subs, stage: r["stages"][stage] - sum(subs.values())}
+
+    now = [parts(r) for r in rows]
+    then = [parts(r) for r in base_rows]
+    keys = {k for p in (*now, *then) for k in p}
+    grown = max(sorted(keys), key=lambda k: _mean([p.get(k, 0.0) for p in now])
+                - _mean([p.get(k, 0.0) for p in then]))
+    return thin.stage_noise(median([p.get(grown, 0.0) for p in then]))
+
+
 def _chain_text(chain: list[dict]) -> str:
     if not chain:
         return ""
@@ -338,7 +355,7 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def _s(seconds: float) -> str:
+def seconds_text(seconds: float) -> str:
     """Seconds as the summary line reads them: 23.2 s, 1.23 s, 14 ms, 4.1 ms."""
     a = abs(seconds)
     if a >= 10:
@@ -348,6 +365,9 @@ def _s(seconds: float) -> str:
     if a >= 0.01:
         return f"{seconds * 1000:.0f} ms"
     return f"{seconds * 1000:.1f} ms"
+
+
+_s = seconds_text
 
 
 def _signed(seconds: float) -> str:

@@ -15,10 +15,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import inspect
 import os
 import re
 import shlex
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,17 +93,21 @@ def read(*, in_process: bool = False) -> dict:
             if saved is not None:
                 os.environ[_CACHE_ROOT] = saved
     formats = []
-    try:
-        import vllm.model_executor.model_loader as loaders
-        formats = sorted(getattr(loaders, "_LOAD_FORMAT_TO_MODEL_LOADER", {}))
+    try:  # in a server, only where it is loaded already: no import on its behalf
+        loaders = (sys.modules.get("vllm.model_executor.model_loader") if in_process
+                   else importlib.import_module("vllm.model_executor.model_loader"))
+        formats = sorted(getattr(loaders, "_LOAD_FORMAT_TO_MODEL_LOADER", None) or {})
     except Exception:  # noqa: BLE001
         pass
     installed = {m: importlib.util.find_spec(m) is not None
                  for m in ("runai_model_streamer", "fastsafetensors")}
     torch_env = []
-    try:
-        import torch._inductor.runtime.cache_dir_utils as cdu
-        torch_env = sorted(set(re.findall(r"TORCHINDUCTOR_[A-Z_]+", inspect.getsource(cdu))))
+    try:  # the names torch's cache directories read, from its source (not imported for this)
+        import torch
+        source = os.path.join(os.path.dirname(torch.__file__), "_inductor", "runtime",
+                              "cache_dir_utils.py")
+        with open(source, encoding="utf-8") as f:
+            torch_env = sorted(set(re.findall(r"TORCHINDUCTOR_[A-Z_]+", f.read())))
     except Exception:  # noqa: BLE001
         pass
     import vllm

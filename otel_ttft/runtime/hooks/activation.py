@@ -22,6 +22,7 @@ from opentelemetry.trace import SpanContext, Status, StatusCode
 from otel_ttft import semconv
 from otel_ttft.runtime import clock, config, handoff
 from otel_ttft.runtime.context import process as this_process
+from otel_ttft.runtime.hooks import activation_ledger, activation_verdict
 from otel_ttft.runtime.hooks.registry import Hook
 from otel_ttft.runtime.telemetry import inflight, pipeline, spans
 
@@ -71,6 +72,7 @@ def emit_process_start(kind: str, parent: otel_context.Context | None, end_ns: i
     _process_start_done = True
     this_process.kind = kind
     pipeline.attach()
+    activation_ledger.attach()  # this process's stage spans, for the live verdict
     end = end_ns if end_ns is not None else clock.now_ns()
     spans.emit_span(semconv.SPAN_PROCESS_START, start_ns, end,
                     stage=semconv.STAGE_WARMUP_PROCESS_START, context=parent,
@@ -95,6 +97,7 @@ def ensure_root() -> trace.Span | None:
             return _root
         this_process.kind = API_SERVER
         pipeline.attach()
+        activation_ledger.attach()
         start_ns = clock.process_start_ns() or clock.now_ns()
         root = spans.tracer().start_span(semconv.SPAN_ACTIVATION,
                                          context=spans.env_parent_context(), start_time=start_ns)
@@ -129,6 +132,7 @@ def end_root(error: BaseException | None = None) -> None:
     else:
         if latest is not None:
             latest.ready_ns = end
+            activation_verdict.on_ready(root, latest.start_ns, end)  # before the span ends
     root.end(end_time=end)
 
 
@@ -169,8 +173,10 @@ def _wrap_named_api_call(span_name: str, stage: str):
     def wrapper(call, instance, args, kwargs):
         if args and hasattr(args[0], "model_config"):
             _note_model(args[0])
+            activation_verdict.note_config(args[0])
         elif "vllm_config" in kwargs:
             _note_model(kwargs["vllm_config"])
+            activation_verdict.note_config(kwargs["vllm_config"])
         token = _under_root()
         try:
             if token is None and not trace.get_current_span().is_recording():

@@ -22,6 +22,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 
 from otel_ttft import semconv
 from otel_ttft.runtime import clock, config, ids
+from otel_ttft.runtime.hooks import activation_verdict
 from otel_ttft.runtime.hooks.request import detail as request_detail
 from otel_ttft.runtime.hooks.request import first_use
 from otel_ttft.runtime.hooks.request import metrics as request_metrics
@@ -276,6 +277,7 @@ def emit_request(rec: RequestRecord, now: float, detail: str | None = ASK) -> No
     request_metrics.record_request(ttft, stages, rec.model, rec.cold,
                                    eng.waiting if eng is not None else None, usage,
                                    context=ctx, operation=operation_name(rec.ext_id))
+    activation_verdict.request_done(rec.activation, rec.cold_index, ttft, stages, warmup)
 
 
 BUILDER = "otel_ttft.runtime.hooks.request.remote:build"
