@@ -67,6 +67,7 @@ class _Judged:
     cold_ttft: float = 0.0
     cold_stages: dict[str, float] = field(default_factory=dict)
     finished: bool = False
+    saving: threading.Thread | None = None  # the save at ready: the one after cold waits for it
 
 
 @dataclass
@@ -180,9 +181,10 @@ def on_ready(root: trace.Span, start_ns: int, end_ns: int) -> None:
                                          else loaded.problem)
         root.set_attributes(attributes(result))
         _report(result, trace_hex)
+        judged.saving = threading.Thread(target=_save, args=(pre.path, record),
+                                         name="otel-ttft-verdict-save", daemon=True)
+        judged.saving.start()
         _judged = judged
-        threading.Thread(target=_save, args=(pre.path, record), name="otel-ttft-verdict-save",
-                         daemon=True).start()
     except Exception:  # noqa: BLE001 - the verdict must never cost the server its start
         logger.debug("otel-ttft: no verdict for this activation", exc_info=True)
 
@@ -267,6 +269,8 @@ def _judge_cold(judged: _Judged) -> None:
         spans.emit_span(semconv.SPAN_ACTIVATION_VERDICT, now, now, context=parent,
                         attributes=attributes(result))
         _report(result, judged.trace_hex)
+        if judged.saving is not None:
+            judged.saving.join(history.LOCK_WAIT_S + 5)  # in order: this record replaces that
         _save(judged.path, record)
         ledger.forget(judged.trace_hex)
         spans.flush_async()
@@ -334,3 +338,15 @@ def _observe(options: CallbackOptions):
     latest = _latest
     if latest is not None:
         yield Observation(latest["value"], latest["labels"])
+
+
+def reset() -> None:
+    """Forget this process's activation and verdict, as a new process would (tests)."""
+    global _preload, _judged, _latest
+    _preload = _judged = _latest = None
+
+
+def wait_for_history(timeout_s: float) -> bool:
+    """Whether the history read begun by ``note_config`` has finished (tests, diagnostics)."""
+    pre = _preload
+    return pre is not None and pre.done.wait(timeout_s)
