@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from otel_ttft import semconv
 from otel_ttft.diagnosis.activation import FACT_ATTRIBUTES, Interval
-from otel_ttft.runtime import config, state_files
+from otel_ttft.runtime import activation_history, config, state_files
 from otel_ttft.runtime.telemetry import inflight
 
 MAX_SPANS = 512  # per activation and process: shard reads of a large checkpoint, merged
@@ -159,9 +159,10 @@ _ledgers: dict[int, StageLedger] = {}
 
 
 def attach() -> None:
-    """Attach a ledger to the SDK tracer provider in force, once per provider."""
+    """Attach a ledger to the SDK tracer provider in force, once per provider (none while the
+    live verdict is off: ``OTEL_TTFT_VERDICT``)."""
     provider = config.tracer_provider()
-    if id(provider) in _ledgers or not hasattr(provider, "add_span_processor"):
+    if not activation_history.enabled() or id(provider) in _ledgers or not hasattr(provider, "add_span_processor"):
         return
     ledger = _ledgers[id(provider)] = StageLedger()
     provider.add_span_processor(ledger)
