@@ -162,7 +162,8 @@ def attach() -> None:
     """Attach a ledger to the SDK tracer provider in force, once per provider (none while the
     live verdict is off: ``OTEL_TTFT_VERDICT``)."""
     provider = config.tracer_provider()
-    if not activation_history.enabled() or id(provider) in _ledgers or not hasattr(provider, "add_span_processor"):
+    if (not activation_history.enabled() or id(provider) in _ledgers
+            or not hasattr(provider, "add_span_processor")):
         return
     ledger = _ledgers[id(provider)] = StageLedger()
     provider.add_span_processor(ledger)
