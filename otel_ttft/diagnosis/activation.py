@@ -65,13 +65,19 @@ def stage_seconds(intervals: Iterable[Interval], lo: int, hi: int,
     """``[lo, hi]`` tiled by the intervals, the most specific at each instant (a sub-stage over
     a family, then the one that began last: the innermost of nested spans); time none covers is
     ``default`` (start-up containers). The values add up to ``hi - lo``."""
-    spans = [i for i in intervals if i.end_ns > lo and i.start_ns < hi and i.end_ns > i.start_ns]
+    spans = sorted((i for i in intervals if i.end_ns > lo and i.start_ns < hi
+                    and i.end_ns > i.start_ns), key=lambda i: i.start_ns)
     bounds = sorted({lo, hi, *(max(lo, min(hi, x)) for i in spans for x in (i.start_ns,
                                                                              i.end_ns))})
     out: dict[str, float] = {}
+    active: list[Interval] = []  # a sweep: open at the current instant (a few: nesting depth)
+    nxt = 0
     for a, b in zip(bounds, bounds[1:], strict=False):
-        over = [i for i in spans if i.start_ns <= a and i.end_ns >= b]
-        best = max(over, key=lambda i: ("." in i.stage, i.start_ns, -i.end_ns), default=None)
+        while nxt < len(spans) and spans[nxt].start_ns <= a:
+            active.append(spans[nxt])
+            nxt += 1
+        active = [i for i in active if i.end_ns >= b]
+        best = max(active, key=lambda i: ("." in i.stage, i.start_ns, -i.end_ns), default=None)
         stage = best.stage if best is not None else default
         out[stage] = out.get(stage, 0.0) + (b - a) / 1e9
     return out
