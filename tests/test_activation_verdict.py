@@ -67,8 +67,9 @@ def test_thin_baseline_names_the_stage_beyond_the_alert_thresholds():
         "expanded", "thin", "warmup", "warmup.compile")
     assert j["increase_s"] == pytest.approx(25.0)
     assert j["recommendation"] == "persist-artifacts"
-    assert "earliest stage that grew: warmup.compile +25.0 s (the compile cache missed, cache " \
-           "under /tmp/c/torch_compile)" in j["summary"]
+    assert j["substage_increase_s"] == pytest.approx(25.0)
+    assert "earliest stage that grew: warmup.compile +25.0 s (warmup +25.0 s in all) (the " \
+           "compile cache missed, cache under /tmp/c/torch_compile)" in j["summary"]
     assert "thin baseline (1 earlier)" in j["summary"]
     assert "25.0 s more than the last start of this model (35.6 s" in j["summary"]
 
@@ -216,6 +217,7 @@ def test_the_runtime_judges_each_start_against_the_last(telemetry, vllm_config, 
         assert attrs[semconv.ATTR_VERDICT_BASELINE] == "thin"
         assert attrs[semconv.ATTR_VERDICT_SUBSTAGE] == semconv.STAGE_WARMUP_COMPILE
         assert attrs[semconv.ATTR_VERDICT_INCREASE_S] == pytest.approx(17.0, abs=0.01)
+        assert attrs[semconv.ATTR_VERDICT_SUBSTAGE_INCREASE_S] == pytest.approx(17.0, abs=0.01)
         change = list(attrs[semconv.ATTR_VERDICT_CHANGE])
         import vllm.envs as envs
 

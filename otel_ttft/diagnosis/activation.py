@@ -154,7 +154,8 @@ def judge(current: dict, earlier: Sequence[dict], *, phase: str = semconv.VERDIC
     """The verdict on ``current`` against the earlier records of its key (oldest first; those
     of another key, or without the phase's data, are left out), with its change and its
     sentence. Keys: phase, outcome, baseline, baseline_count, duration_s, baseline_s, last_s,
-    best_s, stage, substage, increase_s, recommendation, fix, change (flags and environment
+    best_s, stage, substage, increase_s (the stage's), substage_increase_s (the sub-stage's own,
+    where it is one), recommendation, fix, change (flags and environment
     variables), change_summary, summary (the plain words), verdict (the rule's own)."""
     cold = phase == semconv.VERDICT_PHASE_COLD_REQUESTS
     base = [r for r in earlier if r.get("key") == current.get("key")
@@ -186,6 +187,11 @@ def judge(current: dict, earlier: Sequence[dict], *, phase: str = semconv.VERDIC
                             int((current.get("evidence") or {}).get("bytes_read") or 0))],
             vocab, vocab_error)
         first = next((c for c in proposal["candidates"] if not c["missing"]), None)
+        sub = v["substage"]
+        if sub and sub != v["stage"]:
+            now = as_row(current, phase)["substages"].get(sub, 0.0)
+            out["substage_increase_s"] = round(
+                now - rule.median([r["substages"].get(sub, 0.0) for r in rows]), 6)
         out.update(stage=v["stage"], substage=v["substage"], increase_s=v["delta_s"],
                    recommendation=fix, fix=advice, change_summary=proposal.get("summary", ""),
                    change=_knobs(first) if first else [])
@@ -235,10 +241,12 @@ def sentence(j: dict) -> str:
             if j["baseline"] == BASELINE_THIN else "")
     if j["outcome"] != rule.EXPANDED:
         return head + "; no stage grew beyond the noise" + thin
-    where = j["substage"] or j["stage"]
+    where = f"{j['stage']} +{s(j['increase_s'])}"
+    if j.get("substage_increase_s") is not None:
+        where = f"{j['substage']} +{s(j['substage_increase_s'])} ({where} in all)"
     fix = " ".join(j["change"]) if j["change"] else j["fix"]
     why = ""
     if j["change"] and j.get("change_summary"):
         why = j["change_summary"].partition(": ")[2]
-    return (f"{head}; earliest stage that grew: {where} +{s(j['increase_s'])}{_cause(j)}; "
+    return (f"{head}; earliest stage that grew: {where}{_cause(j)}; "
             f"{j['recommendation']}: {fix}" + (f" ({why})" if why else "") + thin)

@@ -122,6 +122,8 @@ ATTR_VERDICT_BASELINE_COUNT = "ttft.verdict.baseline_count"  # earlier activatio
 ATTR_VERDICT_STAGE = "ttft.verdict.stage"  # the earliest stage family that expanded, or none
 ATTR_VERDICT_SUBSTAGE = "ttft.verdict.substage"  # its sub-stage that grew most (warmup.compile)
 ATTR_VERDICT_INCREASE_S = "ttft.verdict.increase_seconds"  # that stage's increase, s
+#: the sub-stage's own increase, s (part of ttft.verdict.increase_seconds)
+ATTR_VERDICT_SUBSTAGE_INCREASE_S = "ttft.verdict.substage_increase_seconds"
 ATTR_VERDICT_DURATION_S = "ttft.verdict.duration_seconds"  # this activation, s (start -> phase)
 #: median duration of the earlier activations compared with, s
 ATTR_VERDICT_BASELINE_S = "ttft.verdict.baseline_seconds"

@@ -292,6 +292,7 @@ def attributes(result: dict) -> dict[str, Any]:
         semconv.ATTR_VERDICT_SUMMARY: result["summary"],
     }
     optional = {semconv.ATTR_VERDICT_SUBSTAGE: result.get("substage"),
+                semconv.ATTR_VERDICT_SUBSTAGE_INCREASE_S: result.get("substage_increase_s"),
                 semconv.ATTR_VERDICT_BASELINE_S: result.get("baseline_s"),
                 semconv.ATTR_VERDICT_LAST_S: result.get("last_s"),
                 semconv.ATTR_VERDICT_BEST_S: result.get("best_s"),
