@@ -68,6 +68,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(skip)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _verdict_history_in_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The vLLM servers tests start keep their live-verdict history in the session's temporary
+    directory, not beside the user's vLLM cache (a test that means one sets its own)."""
+    name = "OTEL_TTFT_VERDICT_HISTORY"
+    saved = os.environ.get(name)
+    os.environ[name] = str(tmp_path_factory.mktemp("verdict") / "activations.json")
+    yield
+    if saved is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = saved
+
+
 @pytest.fixture
 def receiver(tmp_path: Path) -> Iterator[OTLPReceiver]:
     """OTLP/HTTP + gRPC receiver on free loopback ports, storing under ``tmp_path/store``."""

@@ -48,6 +48,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 
 from otel_ttft.runtime import inflight
+from otel_ttft.runtime.hooks import activation_ledger
 from otel_ttft.runtime.telemetry import bounded_export, pipeline
 
 logger = logging.getLogger("otel_ttft")
@@ -146,6 +147,9 @@ def build(environ: Mapping[str, str] | None = None, *,
     tagger = pipeline.StageTagger()
     tracer_provider.add_span_processor(tagger)
     tracer_provider.add_span_processor(inflight.install())
+    ledger = activation_ledger.install()  # the live verdict's stage spans
+    if ledger is not None:
+        tracer_provider.add_span_processor(ledger)
     tracer_provider.add_span_processor(built.counter)
     if span_exporters is None:
         span_exporters = [_entry_point("opentelemetry_traces_exporter", name, "traces", environ)()

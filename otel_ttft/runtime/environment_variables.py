@@ -58,6 +58,18 @@ of them map the monotonic clock to epoch time with one offset and a wall-clock s
 their starts (NTP, a VM restored from a snapshot) cannot shift one process's spans against
 another's. A value from an earlier boot, or one that does not parse, is ignored."""
 
+OTEL_TTFT_VERDICT = "OTEL_TTFT_VERDICT"
+"""``false`` (or ``0``, ``off``) turns the live verdict off: no activation history is read or
+written and activations carry no ``ttft.verdict.*``. Anything else, the default, judges every
+start of the API server against the earlier starts of its model and configuration on the host
+(docs/verdict.md)."""
+
+OTEL_TTFT_VERDICT_HISTORY = "OTEL_TTFT_VERDICT_HISTORY"
+"""The live verdict's activation history file (small, bounded JSON, replaced whole under a file
+lock). Default: ``otel-ttft/activations.json`` under vLLM's cache root (``VLLM_CACHE_ROOT``, as
+the running vLLM resolves it). A file that is missing, unreadable, not ours, too large or not a
+regular file means "no baseline"; one that is not ours is never overwritten."""
+
 DEFAULT_COLD_REQUESTS = 3
 DEFAULT_REQUEST_DETAIL_SLOW_MS = 1000.0
 DEFAULT_REQUEST_DETAIL_RATIO = 0.01

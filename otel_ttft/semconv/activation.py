@@ -111,3 +111,46 @@ ATTR_CHILD_SPAN = "ttft.child.span"  # the innermost span it had open
 #: observable gauge, s, by ttft.stage, gen_ai.request.model and ttft.process.kind: time in the
 #: stage this process is in now, reported only while an activation runs
 METRIC_ACTIVATION_STAGE_IN_PROGRESS = "ttft.activation.stage.in_progress"
+
+# the live verdict: each activation against the earlier ones of its model on this host
+#: a short child of vllm.activation with the verdict once the activation's cold requests are done
+#: (the activation span has ended by then); same ttft.verdict.* attributes as on vllm.activation
+SPAN_ACTIVATION_VERDICT = "vllm.activation.verdict"
+#: on vllm.activation and vllm.activation.verdict: when the verdict was taken (VERDICT_PHASES)
+ATTR_VERDICT_PHASE = "ttft.verdict.phase"
+VERDICT_PHASE_READY = "ready"  # ttft.verdict.phase: the server is ready (start -> ready)
+#: ttft.verdict.phase: the activation's cold requests are done (their warm-up counts too)
+VERDICT_PHASE_COLD_REQUESTS = "cold_requests"
+#: the values of ttft.verdict.phase
+VERDICT_PHASES = (VERDICT_PHASE_READY, VERDICT_PHASE_COLD_REQUESTS)
+#: expanded | within-noise | no-baseline: a stage grew, nothing grew beyond the noise, or this is
+#: the first activation of its model and configuration on the host
+ATTR_VERDICT_OUTCOME = "ttft.verdict.outcome"
+VERDICT_NO_BASELINE = "no-baseline"  # ttft.verdict.outcome: no earlier activation to compare
+#: none | thin | measured: no earlier activation, fewer than 3 (the alert thresholds judge), or
+#: enough to measure the noise
+ATTR_VERDICT_BASELINE = "ttft.verdict.baseline"
+ATTR_VERDICT_BASELINE_COUNT = "ttft.verdict.baseline_count"  # earlier activations compared with
+ATTR_VERDICT_STAGE = "ttft.verdict.stage"  # the earliest stage family that expanded, or none
+ATTR_VERDICT_SUBSTAGE = "ttft.verdict.substage"  # its sub-stage that grew most (warmup.compile)
+ATTR_VERDICT_INCREASE_S = "ttft.verdict.increase_seconds"  # that stage's increase, s
+#: the sub-stage's own increase, s (part of ttft.verdict.increase_seconds)
+ATTR_VERDICT_SUBSTAGE_INCREASE_S = "ttft.verdict.substage_increase_seconds"
+ATTR_VERDICT_DURATION_S = "ttft.verdict.duration_seconds"  # this activation, s (start -> phase)
+#: median duration of the earlier activations compared with, s
+ATTR_VERDICT_BASELINE_S = "ttft.verdict.baseline_seconds"
+ATTR_VERDICT_LAST_S = "ttft.verdict.last_seconds"  # the previous activation's duration, s
+ATTR_VERDICT_BEST_S = "ttft.verdict.best_seconds"  # the fastest earlier activation's duration, s
+#: keep-resident | persist-artifacts | warm-up | tune-admission | tune-context | none
+ATTR_VERDICT_RECOMMENDATION = "ttft.verdict.recommendation"
+ATTR_VERDICT_FIX = "ttft.verdict.fix"  # what to change, in words
+#: string array: the change in the installed vLLM's own flags and environment variables
+ATTR_VERDICT_CHANGE = "ttft.verdict.change"
+ATTR_VERDICT_SUMMARY = "ttft.verdict.summary"  # the verdict in plain words (the log line)
+#: gauge, s, per API process: the blamed stage's increase in its latest verdict (0 without one),
+#: labelled ttft.stage (the stage blamed, or none), gen_ai.request.model, ttft.verdict.substage,
+#: ttft.verdict.recommendation, ttft.verdict.change (joined), ttft.verdict.outcome,
+#: ttft.verdict.baseline, ttft.verdict.phase and ttft.activation.trace_id
+METRIC_ACTIVATION_VERDICT = "ttft.activation.verdict"
+#: on ttft.activation.verdict: the activation's trace id (32 hex), the dashboard's trace link
+ATTR_ACTIVATION_TRACE_ID = "ttft.activation.trace_id"

@@ -318,8 +318,8 @@ def modules() -> list[tuple[str, str]]:
 def modules_table() -> str:
     """Every module of ``otel_ttft`` with what it holds, layer by layer."""
     def layer(path: str) -> int:
-        for i, prefix in enumerate(("otel_ttft/semconv/", "otel_ttft/runtime/",
-                                    "otel_ttft/tools/")):
+        for i, prefix in enumerate(("otel_ttft/semconv/", "otel_ttft/diagnosis/",
+                                    "otel_ttft/runtime/", "otel_ttft/tools/")):
             if path.startswith(prefix):
                 return i + 1
         return 0

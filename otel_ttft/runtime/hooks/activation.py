@@ -22,6 +22,7 @@ from opentelemetry.trace import SpanContext, Status, StatusCode
 from otel_ttft import semconv
 from otel_ttft.runtime import clock, config, handoff, inflight, state_files
 from otel_ttft.runtime.context import process as this_process
+from otel_ttft.runtime.hooks import activation_verdict
 from otel_ttft.runtime.hooks.registry import Hook
 from otel_ttft.runtime.telemetry import pipeline, spans
 
@@ -127,6 +128,7 @@ def end_root(error: BaseException | None = None) -> None:
     else:
         if latest is not None:
             latest.ready_ns = end
+            activation_verdict.on_ready(root, latest.start_ns, end)  # before the span ends
     root.end(end_time=end)
 
 
@@ -167,8 +169,10 @@ def _wrap_named_api_call(span_name: str, stage: str):
     def wrapper(call, instance, args, kwargs):
         if args and hasattr(args[0], "model_config"):
             _note_model(args[0])
+            activation_verdict.note_config(args[0])
         elif "vllm_config" in kwargs:
             _note_model(kwargs["vllm_config"])
+            activation_verdict.note_config(kwargs["vllm_config"])
         token = _under_root()
         try:
             if token is None and not trace.get_current_span().is_recording():

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otel_ttft import semconv
+from otel_ttft.diagnosis import activation as activation_facts
 from otel_ttft.tools.analysis.traces import SpanNode, build_trees, staged_segments
 
 _NS = 1e9
@@ -69,17 +70,9 @@ class ActivationSummary:
     facts: dict[str, Any] = field(default_factory=dict)  # FACT_ATTRIBUTES: what `change` sizes
 
 
-# Activation attributes a concrete change is computed from (change.py): the largest value seen
-# in the activation, by fact name.
-FACT_ATTRIBUTES = {
-    "kv_blocks": semconv.ATTR_KV_BLOCKS, "kv_block_size": semconv.ATTR_KV_BLOCK_SIZE,
-    "kv_bytes": semconv.ATTR_KV_BYTES, "model_bytes": semconv.ATTR_LOAD_MODEL_BYTES,
-    "available_kv_bytes": semconv.ATTR_PROFILE_AVAILABLE_KV_BYTES,
-    "device_memory_bytes": semconv.ATTR_DEVICE_MEMORY_BYTES,
-    "host_memory_bytes": semconv.ATTR_HOST_MEMORY_BYTES,
-    "device_type": semconv.ATTR_DEVICE_TYPE, "compile_cache_dir": semconv.ATTR_COMPILE_CACHE_DIR,
-    "graph_batch_sizes": semconv.ATTR_GRAPH_BATCH_SIZES,
-}
+# Activation attributes a concrete change is computed from (change.py), shared with the live
+# verdict: the largest value seen in the activation, by fact name.
+FACT_ATTRIBUTES = activation_facts.FACT_ATTRIBUTES
 _FACT_KEYS = {v: k for k, v in FACT_ATTRIBUTES.items()}
 
 

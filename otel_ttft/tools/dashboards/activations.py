@@ -2,18 +2,38 @@
 
 from __future__ import annotations
 
+import json
+import urllib.parse
+
 from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.builders import table as table_panel
+from grafana_foundation_sdk.models import dashboard as dm
 
 from otel_ttft import semconv
 from otel_ttft.tools.dashboards.common import (
+    PROMETHEUS,
     SEL,
     new_dashboard,
     prom,
     timeseries_panel,
     traceql_table,
 )
+from otel_ttft.tools.prom import naming
 
 LAST = "ttft_activation_stage_last_duration_seconds"
+VERDICT = naming.metric_name(semconv.METRIC_ACTIVATION_VERDICT, "s", naming.GAUGE)
+TRACE_ID = naming.label_name(semconv.ATTR_ACTIVATION_TRACE_ID)
+# The verdict's labels, in the order the table shows them.
+VERDICT_LABELS = ("gen_ai_request_model", "instance", TRACE_ID, *(
+    naming.label_name(k) for k in (
+        semconv.ATTR_VERDICT_OUTCOME, semconv.ATTR_STAGE, semconv.ATTR_VERDICT_SUBSTAGE,
+        semconv.ATTR_VERDICT_RECOMMENDATION, semconv.ATTR_VERDICT_CHANGE,
+        semconv.ATTR_VERDICT_BASELINE, semconv.ATTR_VERDICT_PHASE)))
+# Grafana Explore on Tempo with the row's trace id (the table cell's raw value).
+TRACE_LINK = "/explore?left=" + urllib.parse.quote(json.dumps(
+    {"datasource": "tempo", "queries": [{"refId": "A", "queryType": "traceql",
+                                         "query": "TRACE_ID"}]}, separators=(",", ":")),
+    safe="").replace("TRACE_ID", "${__value.raw}")
 READ = "ttft_load_read_throughput_gigabytes_per_second"
 # Leaf stages: they do not contain one another, so stacking them does not count time twice.
 LEAF_STAGES = "|".join((
@@ -24,12 +44,44 @@ LEAF_STAGES = "|".join((
 )).replace(".", "\\\\.")
 
 
+def why_slow_panel() -> table_panel.Panel:
+    """The live verdict of each model's latest start, one row per server process."""
+    expr = (f"max by ({', '.join(VERDICT_LABELS)}) ({VERDICT}{{{SEL}}})")
+    return (table_panel.Panel().title("Why the last switch was slow")
+            .description(
+                "Each vLLM API server judges its own start against the earlier starts of its "
+                "model and configuration on its host (ttft.activation.verdict; the rule "
+                "`otel-ttft analyze` applies): the earliest stage that grew, by how much (the "
+                "value), and the fix in the running vLLM's own flags and environment variables. "
+                "no-baseline: a first start; thin: fewer than 3 earlier starts, judged by the "
+                "alert thresholds. The trace id opens the activation in Tempo; the server's log "
+                "has the verdict in words.")
+            .unit("s").datasource(PROMETHEUS).span(24).height(7)
+            .with_target(prom(expr, instant=True, table=True))
+            .with_transformation(dm.DataTransformerConfig(id_val="organize", options={
+                "excludeByName": {"Time": True, "__name__": True, "job": True},
+                "indexByName": {name: i for i, name in enumerate((*VERDICT_LABELS, "Value"))},
+                "renameByName": {"Value": "increase", TRACE_ID: "trace"}}))
+            .override_by_name(TRACE_ID, [dm.DynamicConfigValue(id_val="links", value=[
+                {"title": "Open the activation trace in Tempo", "url": TRACE_LINK}])]))
+
+
 def build() -> db.Dashboard:
     return (
         new_dashboard("activations", "otel-ttft / Activations",
                       "Engine activations (start, wake-up, adapter load): the stages of the latest "
                       "one per model, checkpoint reads, compile cache, graph capture, and the "
                       "activation traces in Tempo.")
+        .with_row(db.Row("Why the last switch was slow"))
+        .with_panel(why_slow_panel())
+        .with_panel(traceql_table(
+            "Verdicts of recent activations, in words",
+            "The live verdict on each activation span (ttft.verdict.summary, as the server "
+            "logged it, with the change it names); the second verdict, once the activation's "
+            "cold requests are done, is on its vllm.activation.verdict child span.",
+            f'{{ name = "{semconv.SPAN_ACTIVATION}" || name = '
+            f'"{semconv.SPAN_ACTIVATION_VERDICT}" }} | select(span.{semconv.ATTR_VERDICT_OUTCOME}, '
+            f'span.{semconv.ATTR_VERDICT_SUMMARY})', limit=20, height=7))
         .with_row(db.Row("Stages of each activation"))
         .with_panel(timeseries_panel(
             "Activation stages per model (stacked, latest activation of each process)",

@@ -16,7 +16,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from otel_ttft import semconv
 from otel_ttft.runtime import clock
-from otel_ttft.runtime.hooks import first_use
+from otel_ttft.runtime.hooks import activation_verdict, first_use
 from otel_ttft.runtime.hooks.request import detail as request_detail
 from otel_ttft.runtime.hooks.request import metrics as request_metrics
 from otel_ttft.runtime.hooks.request.attributes import operation_name, span_attributes
@@ -146,6 +146,7 @@ def emit_request(rec: RequestRecord, now: float) -> None:
     request_metrics.record_request(ttft, stages, rec.model, rec.cold,
                                    eng.waiting if eng is not None else None, usage,
                                    context=ctx, operation=operation_name(rec.ext_id))
+    activation_verdict.request_done(rec.activation, rec.cold_index, ttft, stages, warmup)
 
 
 def preemption_events(rec: RequestRecord, schedule: list[tuple[str, float]]

@@ -9,8 +9,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from otel_ttft import semconv
-from otel_ttft.tools.analysis import knobs
-from otel_ttft.tools.analysis.verdict import (
+from otel_ttft.diagnosis import vocabulary as knobs
+from otel_ttft.diagnosis.rule import (
     KEEP_RESIDENT,
     MATERIAL_SHARE,
     PERSIST_ARTIFACTS,

@@ -1,0 +1,252 @@
+"""An activation (a server start) as a record the rule takes, judged against the earlier ones of
+its model and configuration, and said in plain words.
+
+A record is what one activation measured, as JSON-ready data (the runtime keeps the last few per
+model in its history file; ``analyze`` builds the same from a trace):
+
+  ``id``           the activation's trace id (32 hex)
+  ``key``          model + vLLM version + the arguments that change what a start does
+  ``model``, ``kind`` (start | wake), ``at`` (epoch seconds)
+  ``duration_s``   start -> ready
+  ``stages``       seconds per stage value (``warmup.compile``, ``load``, ...): the activation's
+                   interval tiled by its stage spans, the most specific at each instant
+  ``evidence``     what tells a cold read from a warm one (``bytes_read`` from storage, the
+                   page-cache share, ``compile_cache_hit``)
+  ``facts``        what a concrete change is sized by (``FACT_ATTRIBUTES``)
+  ``cold``         once its first requests are done: ``{"requests", "ttft_s", "stages"}``
+
+Each activation is one record of the rule (``rule.verdict``), its duration standing for the
+TTFT; the earlier ones are the baseline. Three or more measure the noise as for requests; one or
+two are a thin baseline, judged by the alert rules' thresholds (``thresholds``); none is "no
+baseline".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from otel_ttft import semconv
+from otel_ttft.diagnosis import change, rule
+from otel_ttft.diagnosis.thresholds import ALERT_THRESHOLDS, AlertThresholds
+from otel_ttft.diagnosis.vocabulary import Vocabulary
+
+BASELINE_NONE, BASELINE_THIN, BASELINE_MEASURED = "none", "thin", "measured"
+MAX_EARLIER = 20  # the most recent earlier activations compared with
+MAX_SECONDS = 1e6  # a duration beyond this (eleven days) is a broken clock, not a start
+
+# Activation attributes a concrete change is computed from (``change``): the largest value seen
+# in the activation, by fact name. ``analyze`` reads the same from a trace (``breakdown``).
+FACT_ATTRIBUTES = {
+    "kv_blocks": semconv.ATTR_KV_BLOCKS, "kv_block_size": semconv.ATTR_KV_BLOCK_SIZE,
+    "kv_bytes": semconv.ATTR_KV_BYTES, "model_bytes": semconv.ATTR_LOAD_MODEL_BYTES,
+    "available_kv_bytes": semconv.ATTR_PROFILE_AVAILABLE_KV_BYTES,
+    "device_memory_bytes": semconv.ATTR_DEVICE_MEMORY_BYTES,
+    "host_memory_bytes": semconv.ATTR_HOST_MEMORY_BYTES,
+    "device_type": semconv.ATTR_DEVICE_TYPE, "compile_cache_dir": semconv.ATTR_COMPILE_CACHE_DIR,
+    "graph_batch_sizes": semconv.ATTR_GRAPH_BATCH_SIZES,
+}
+_PHASES = semconv.VERDICT_PHASES
+
+
+@dataclass(frozen=True)
+class Interval:
+    """One stage span: epoch ns on the one clock the processes of a server share."""
+
+    start_ns: int
+    end_ns: int
+    stage: str
+
+
+def stage_seconds(intervals: Iterable[Interval], lo: int, hi: int,
+                  default: str = semconv.STAGE_WARMUP) -> dict[str, float]:
+    """``[lo, hi]`` tiled by the intervals, the most specific at each instant (a sub-stage over
+    a family, then the one that began last: the innermost of nested spans); time none covers is
+    ``default`` (start-up containers). The values add up to ``hi - lo``."""
+    spans = sorted((i for i in intervals if i.end_ns > lo and i.start_ns < hi
+                    and i.end_ns > i.start_ns), key=lambda i: i.start_ns)
+    bounds = sorted({lo, hi, *(max(lo, min(hi, x)) for i in spans for x in (i.start_ns,
+                                                                             i.end_ns))})
+    out: dict[str, float] = {}
+    active: list[Interval] = []  # a sweep: open at the current instant (a few: nesting depth)
+    nxt = 0
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        while nxt < len(spans) and spans[nxt].start_ns <= a:
+            active.append(spans[nxt])
+            nxt += 1
+        active = [i for i in active if i.end_ns >= b]
+        best = max(active, key=lambda i: ("." in i.stage, i.start_ns, -i.end_ns), default=None)
+        stage = best.stage if best is not None else default
+        out[stage] = out.get(stage, 0.0) + (b - a) / 1e9
+    return out
+
+
+def _seconds(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) and 0 <= value <= MAX_SECONDS else None
+
+
+def valid_record(data: Any) -> bool:
+    """Whether ``data`` (from a file anyone could have written) is a record this module can
+    judge: the types it reads, finite non-negative durations."""
+    if not isinstance(data, dict) or not isinstance(data.get("key"), str):
+        return False
+    if _seconds(data.get("duration_s")) is None or not isinstance(data.get("stages"), dict):
+        return False
+    if not all(isinstance(k, str) and _seconds(v) is not None for k, v in data["stages"].items()):
+        return False
+    cold = data.get("cold")
+    if cold is not None and not (isinstance(cold, dict) and _seconds(cold.get("ttft_s")) is not None
+                                 and isinstance(cold.get("stages"), dict)
+                                 and all(isinstance(k, str) and _seconds(v) is not None
+                                         for k, v in cold["stages"].items())):
+        return False
+    return all(isinstance(data.get(k, {}), dict) for k in ("evidence", "facts"))
+
+
+def _phase_stages(record: dict, phase: str) -> tuple[float, dict[str, float]]:
+    stages = dict(record["stages"])
+    total = float(record["duration_s"])
+    if phase == semconv.VERDICT_PHASE_COLD_REQUESTS and record.get("cold"):
+        total += float(record["cold"]["ttft_s"])
+        for k, v in record["cold"]["stages"].items():
+            stages[k] = stages.get(k, 0.0) + float(v)
+    return total, stages
+
+
+def as_row(record: dict, phase: str = semconv.VERDICT_PHASE_READY) -> dict:
+    """The rule's record for one activation: its duration as the TTFT, stage families (every
+    stage of ``rule.PIPELINE``) and sub-stages, evidence."""
+    total, stages = _phase_stages(record, phase)
+    families = dict.fromkeys(rule.PIPELINE, 0.0)
+    substages: dict[str, float] = {}
+    for key, seconds in stages.items():
+        family = semconv.stage_family(key)
+        if family in families:
+            families[family] += seconds
+            if key != family:
+                substages[key] = substages.get(key, 0.0) + seconds
+    ev = record.get("evidence") or {}
+    return {"client_ttft_s": total, "stages": families, "substages": substages,
+            "model": record.get("model"), "prompt_tokens": None, "waiting_at_arrival": None,
+            "evidence": {"bytes_read": ev.get("bytes_read") or 0,
+                         "page_cache_resident_ratio": ev.get("page_cache_resident_ratio"),
+                         "compile_cache_hit": ev.get("compile_cache_hit"),
+                         "model_was_resident": False}}
+
+
+@dataclass(frozen=True)
+class ActivationFacts:
+    """What ``change`` reads of an activation (as of ``breakdown.ActivationSummary``)."""
+
+    model: str | None
+    facts: dict[str, Any] = field(default_factory=dict)
+    bytes_read: int = 0
+
+
+def judge(current: dict, earlier: Sequence[dict], *, phase: str = semconv.VERDICT_PHASE_READY,
+          vocab: Vocabulary | None = None, vocab_error: str | None = None,
+          thresholds: AlertThresholds = ALERT_THRESHOLDS) -> dict:
+    """The verdict on ``current`` against the earlier records of its key (oldest first; those
+    of another key, or without the phase's data, are left out), with its change and its
+    sentence. Keys: phase, outcome, baseline, baseline_count, duration_s, baseline_s, last_s,
+    best_s, stage, substage, increase_s (the stage's), substage_increase_s (the sub-stage's own,
+    where it is one), recommendation, fix, change (flags and environment
+    variables), change_summary, summary (the plain words), verdict (the rule's own)."""
+    cold = phase == semconv.VERDICT_PHASE_COLD_REQUESTS
+    base = [r for r in earlier if r.get("key") == current.get("key")
+            and r.get("id") != current.get("id") and (not cold or r.get("cold"))][-MAX_EARLIER:]
+    duration, _ = _phase_stages(current, phase)
+    out: dict[str, Any] = {
+        "phase": phase, "model": current.get("model"), "kind": current.get("kind") or "start",
+        "duration_s": round(duration, 6), "baseline_count": len(base), "stage": rule.NONE,
+        "substage": None, "increase_s": 0.0, "recommendation": rule.NONE, "fix": "",
+        "change": [], "change_summary": "", "verdict": None,
+        "top_stages": _top(current, phase), "evidence": dict(current.get("evidence") or {})}
+    if not base:
+        out.update(outcome=semconv.VERDICT_NO_BASELINE, baseline=BASELINE_NONE,
+                   baseline_s=None, last_s=None, best_s=None)
+        out["summary"] = sentence(out)
+        return out
+    rows = [as_row(r, phase) for r in base]
+    totals = [r["client_ttft_s"] for r in rows]
+    thin = len(base) < rule.MIN_BASELINE_N
+    v = rule.verdict(f"this {out['kind']}", f"the earlier {out['kind']}s", [as_row(current, phase)],
+                     rows, thin=thresholds if thin else None)
+    out.update(outcome=v["outcome"], baseline=BASELINE_THIN if thin else BASELINE_MEASURED,
+               baseline_s=round(rule.median(totals), 6), last_s=round(totals[-1], 6),
+               best_s=round(min(totals), 6), verdict=v)
+    if v["outcome"] == rule.EXPANDED:
+        fix, advice = rule.fix_for(v["substage"], v["stage"])
+        proposal = change.propose(v, [as_row(current, phase)], rows, {}, [
+            ActivationFacts(current.get("model"), dict(current.get("facts") or {}),
+                            int((current.get("evidence") or {}).get("bytes_read") or 0))],
+            vocab, vocab_error)
+        first = next((c for c in proposal["candidates"] if not c["missing"]), None)
+        sub = v["substage"]
+        if sub and sub != v["stage"]:
+            now = as_row(current, phase)["substages"].get(sub, 0.0)
+            out["substage_increase_s"] = round(
+                now - rule.median([r["substages"].get(sub, 0.0) for r in rows]), 6)
+        out.update(stage=v["stage"], substage=v["substage"], increase_s=v["delta_s"],
+                   recommendation=fix, fix=advice, change_summary=proposal.get("summary", ""),
+                   change=_knobs(first) if first else [])
+    out["summary"] = sentence(out)
+    return out
+
+
+def _knobs(candidate: dict) -> list[str]:
+    """A candidate's change as vLLM reads it: ``NAME=value`` environment, then flags."""
+    return [f"{k}={v}" for k, v in (candidate.get("env") or {}).items()] + list(
+        candidate.get("args") or [])
+
+
+def _top(record: dict, phase: str, n: int = 3) -> list[tuple[str, float]]:
+    _, stages = _phase_stages(record, phase)
+    return sorted(stages.items(), key=lambda kv: -kv[1])[:n]
+
+
+def _cause(j: dict) -> str:
+    ev = j.get("evidence") or {}
+    where = (j.get("substage") or j.get("stage") or "")
+    if where == semconv.STAGE_WARMUP_COMPILE and ev.get("compile_cache_hit") is False:
+        cache = ev.get("compile_cache_dir")
+        return " (the compile cache missed" + (f", cache under {cache}" if cache else "") + ")"
+    if where == semconv.STAGE_LOAD_READ and ev.get("page_cache_resident_ratio") is not None:
+        return (f" (checkpoint {ev['page_cache_resident_ratio']:.0%} in the page cache before "
+                "its reads)")
+    return ""
+
+
+def sentence(j: dict) -> str:
+    """The verdict in plain words, for the server's log and ``ttft.verdict.summary``."""
+    s = rule.seconds_text
+    kind = j.get("kind") or "start"
+    what = f"this {kind}" + (f" of {j['model']}" if j.get("model") else "")
+    until = " to its cold requests' first tokens" if j["phase"] == _PHASES[1] else ""
+    head = f"otel-ttft: {what} took {s(j['duration_s'])}{until}"
+    if j["outcome"] == semconv.VERDICT_NO_BASELINE:
+        measured = ", ".join(f"{k} {s(v)}" for k, v in j.get("top_stages") or [])
+        return (f"{head}; no baseline yet: the first {kind} of this model and configuration on "
+                f"this host" + (f" (most in {measured})" if measured else ""))
+    delta = j["duration_s"] - j["last_s"]
+    head += (f", {s(abs(delta))} {'more' if delta >= 0 else 'less'} than the last {kind} of this "
+             f"model ({s(j['last_s'])}; median of {j['baseline_count']} earlier "
+             f"{s(j['baseline_s'])}, best {s(j['best_s'])})")
+    thin = (f"; thin baseline ({j['baseline_count']} earlier), judged by the alert thresholds"
+            if j["baseline"] == BASELINE_THIN else "")
+    if j["outcome"] != rule.EXPANDED:
+        return head + "; no stage grew beyond the noise" + thin
+    where = f"{j['stage']} +{s(j['increase_s'])}"
+    if j.get("substage_increase_s") is not None:
+        where = f"{j['substage']} +{s(j['substage_increase_s'])} ({where} in all)"
+    fix = " ".join(j["change"]) if j["change"] else j["fix"]
+    why = ""
+    if j["change"] and j.get("change_summary"):
+        why = j["change_summary"].partition(": ")[2]
+    return (f"{head}; earliest stage that grew: {where}{_cause(j)}; "
+            f"{j['recommendation']}: {fix}" + (f" ({why})" if why else "") + thin)

@@ -1,0 +1,29 @@
+"""The warm-up regression thresholds, one place for both readers: the shipped Prometheus rules
+(``collector-config/rules/otel-ttft-warmup.yml``, the ``otel_ttft:threshold:warmup_regression_*``
+records; a test holds them equal) and the live verdict, which applies them where a host has too
+few earlier activations of a model to measure its noise."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: a stage regressed when it took this many times its baseline ...
+WARMUP_REGRESSION_FACTOR = 2.0
+#: ... and at least this many seconds more (no page for a 5 ms stage becoming 12 ms)
+WARMUP_REGRESSION_MIN_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class AlertThresholds:
+    """What "expanded" means without a measured noise: ``factor`` x the baseline and
+    ``min_seconds`` more, per stage; the whole start must be ``min_seconds`` slower."""
+
+    factor: float = WARMUP_REGRESSION_FACTOR
+    min_seconds: float = WARMUP_REGRESSION_MIN_SECONDS
+
+    def stage_noise(self, baseline_s: float) -> float:
+        """The largest increase still within the thresholds for a stage of ``baseline_s``."""
+        return max(self.min_seconds, (self.factor - 1.0) * max(baseline_s, 0.0))
+
+
+ALERT_THRESHOLDS = AlertThresholds()

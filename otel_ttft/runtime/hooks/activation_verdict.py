@@ -1,0 +1,353 @@
+"""Every activation explains itself: the verdict on a start, live, in the server that started.
+
+When the API server is ready, its activation is compared with the earlier ones of the same model
+and configuration on this host (``activation_history``), by the rule ``analyze`` applies
+(``otel_ttft.diagnosis``): the earliest stage that expanded, by how much, and the change in the
+running vLLM's own flags and environment variables. Once the activation's cold requests
+(``OTEL_TTFT_COLD_REQUESTS``) are done it is judged again with their warm-up counted. Each verdict
+goes on the activation span (the second on a short child span, ``vllm.activation.verdict``: the
+activation span has ended by then), into the server's log in plain words, and into the
+``ttft.activation.verdict`` gauge.
+
+Nothing here may slow a start: the history is read and vLLM's vocabulary built in a thread begun
+when the engine config is known (long before ready); at ready only what is already in memory is
+used (a read not finished yet is "no baseline"); writes happen in a thread after.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.metrics import CallbackOptions, Observation
+
+from otel_ttft import semconv
+from otel_ttft.diagnosis import activation as diagnosis
+from otel_ttft.diagnosis import vocabulary
+from otel_ttft.runtime import activation_history as history
+from otel_ttft.runtime import clock, config
+from otel_ttft.runtime.hooks import activation_ledger as ledger
+from otel_ttft.runtime.telemetry import metrics, spans
+
+# vLLM's own logger tree, so the verdict prints in the server's log as its lines do
+logger = logging.getLogger("vllm.otel_ttft")
+
+# Arguments that change what a start does (and so what it is compared with); the cache
+# directories are left out on purpose: a changed cache is a cause to find, not a new baseline.
+_KEY_FIELDS = {
+    "model_config": ("model", "revision", "dtype", "max_model_len", "quantization",
+                     "enforce_eager", "tokenizer"),
+    "parallel_config": ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"),
+    "cache_config": ("block_size", "cache_dtype", "kv_cache_memory_bytes"),
+    "scheduler_config": ("max_num_seqs", "max_num_batched_tokens"),
+    "load_config": ("load_format",),
+    "compilation_config": ("mode", "cudagraph_mode"),
+    "device_config": ("device_type",),
+}
+
+
+@dataclass
+class _Judged:
+    """This process's activation under judgement."""
+
+    trace_hex: str
+    span_context: Any
+    record: dict
+    earlier: list[dict]
+    vocab: Any
+    vocab_error: str | None
+    path: Path | None
+    cold_done: int = 0
+    cold_ttft: float = 0.0
+    cold_stages: dict[str, float] = field(default_factory=dict)
+    finished: bool = False
+    saving: threading.Thread | None = None  # the save at ready: the one after cold waits for it
+
+
+@dataclass
+class _Preload:
+    key: str
+    config: dict
+    model: str | None
+    path: Path | None = None
+    loaded: history.Loaded | None = None
+    vocab: Any = None
+    vocab_error: str | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+_preload: _Preload | None = None
+_judged: _Judged | None = None
+_latest: dict | None = None  # the gauge's observation: value and labels
+_lock = threading.Lock()
+_gauges: set[int] = set()
+
+
+def note_config(vllm_config: Any) -> None:
+    """The API server knows its engine config: start reading the history (and, where there is
+    an earlier activation to compare with, vLLM's vocabulary) in a thread. Once per process."""
+    global _preload
+    if _preload is not None or vllm_config is None or not history.enabled():
+        return
+    try:
+        summary = config_summary(vllm_config)
+    except Exception:  # noqa: BLE001 - a config we cannot read: no verdict, no harm
+        return
+    _preload = _Preload(key=_key(summary), config=summary,
+                        model=_served_name(vllm_config))
+    threading.Thread(target=_load, args=(_preload,), name="otel-ttft-verdict-history",
+                     daemon=True).start()
+
+
+def config_summary(vllm_config: Any) -> dict[str, str]:
+    """The arguments a start is compared by, as strings, with vLLM's and torch's versions."""
+    out: dict[str, str] = {}
+    for part, names in _KEY_FIELDS.items():
+        section = getattr(vllm_config, part, None)
+        for name in names:
+            value = getattr(section, name, None) if section is not None else None
+            if value is not None:
+                out[f"{part}.{name}"] = str(value)[:200]
+    out["lora"] = str(getattr(vllm_config, "lora_config", None) is not None)
+    for module in ("vllm", "torch"):
+        version = getattr(sys.modules.get(module), "__version__", None)
+        if version:
+            out[f"{module}.version"] = str(version)
+    return out
+
+
+def _key(summary: dict[str, str]) -> str:
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(summary, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _served_name(vllm_config: Any) -> str | None:
+    model = getattr(vllm_config, "model_config", None)
+    name = getattr(model, "served_model_name", None) or getattr(model, "model", None)
+    if isinstance(name, (list, tuple)):
+        name = name[0] if name else None
+    return str(name) if name else None
+
+
+def _load(pre: _Preload) -> None:
+    try:
+        try:
+            import vllm.envs as envs
+
+            root = str(envs.VLLM_CACHE_ROOT)
+        except Exception:  # noqa: BLE001 - no vLLM cache root: only an explicit path
+            root = None
+        pre.path = history.default_path(root)
+        pre.loaded = history.load(pre.path) if pre.path else history.Loaded(
+            problem="no history path (VLLM_CACHE_ROOT unknown)", ours=False)
+        if any(r["key"] == pre.key for r in pre.loaded.records):
+            try:
+                pre.vocab = vocabulary.Vocabulary.from_json(vocabulary.read(in_process=True))
+            except Exception as exc:  # noqa: BLE001 - names unchecked, said so
+                pre.vocab_error = f"cannot read vLLM's parser: {type(exc).__name__}"
+    except Exception as exc:  # noqa: BLE001 - never an error for the server
+        pre.loaded = history.Loaded(problem=f"history not read: {type(exc).__name__}")
+    finally:
+        pre.done.set()
+
+
+def on_ready(root: trace.Span, start_ns: int, end_ns: int) -> None:
+    """The API server is ready: judge this activation, on its span (still open) and in the log;
+    save its record in a thread. Bounded work on data already in memory."""
+    global _judged
+    pre = _preload
+    if pre is None or not root.is_recording():
+        return
+    try:
+        context = root.get_span_context()
+        trace_hex = format(context.trace_id, "032x")
+        record = _record(pre, trace_hex, start_ns, end_ns)
+        loaded = pre.loaded if pre.done.is_set() else None
+        earlier = sorted((r for r in (loaded.records if loaded else []) if r["key"] == pre.key),
+                         key=lambda r: r.get("at") or 0)
+        judged = _Judged(trace_hex, context, record, earlier, pre.vocab, pre.vocab_error,
+                         pre.path)
+        result = diagnosis.judge(record, earlier, vocab=pre.vocab, vocab_error=pre.vocab_error)
+        if loaded is None or loaded.problem:
+            result["history_problem"] = ("history not read yet" if loaded is None
+                                         else loaded.problem)
+        root.set_attributes(attributes(result))
+        _report(result, trace_hex)
+        judged.saving = threading.Thread(target=_save, args=(pre.path, record),
+                                         name="otel-ttft-verdict-save", daemon=True)
+        judged.saving.start()
+        _judged = judged
+    except Exception:  # noqa: BLE001 - the verdict must never cost the server its start
+        logger.debug("otel-ttft: no verdict for this activation", exc_info=True)
+
+
+def _record(pre: _Preload, trace_hex: str, start_ns: int, end_ns: int) -> dict:
+    part = ledger.gather(trace_hex)
+    stages = diagnosis.stage_seconds(part["intervals"], start_ns, end_ns)
+    ratio = part["resident_ratio"]
+    storage = part["shard_bytes"] * (1.0 - ratio) if ratio is not None else part["shard_bytes"]
+    hits = part["compile_hits"]
+    facts = part["facts"]
+    return {
+        "id": trace_hex, "key": pre.key, "model": pre.model, "kind": "start",
+        "at": round(time.time(), 3), "duration_s": round((end_ns - start_ns) / 1e9, 6),
+        "stages": {k: round(v, 6) for k, v in stages.items()},
+        "evidence": {"bytes_read": int(storage), "page_cache_resident_ratio": ratio,
+                     "compile_cache_hit": all(hits) if hits else None,
+                     "compile_cache_dir": facts.get("compile_cache_dir")},
+        "facts": facts, "config": pre.config,
+    }
+
+
+def _save(path: Path | None, record: dict) -> None:
+    if path is None:
+        return
+    problem = history.save(path, record)
+    if problem:
+        logger.debug("otel-ttft: activation history not saved: %s", problem)
+
+
+def request_done(activation: Any, index: int, ttft_s: float | None,
+                 stages: dict[str, float], warmup: Any = ()) -> None:
+    """A request finished (``index``: its place after its activation, 1 = first). Once the
+    activation's cold requests are all done, judge it again with their warm-up counted."""
+    judged = _judged
+    if (judged is None or judged.finished or not 0 < index <= config.current.cold_requests
+            or getattr(getattr(activation, "span_context", None), "trace_id", None)
+            != judged.span_context.trace_id):
+        return
+    with _lock:
+        if judged.finished:
+            return
+        judged.cold_ttft += ttft_s or 0.0
+        _add_request_stages(judged.cold_stages, stages, warmup)
+        judged.cold_done += 1
+        if judged.cold_done < config.current.cold_requests:
+            return
+        judged.finished = True
+    threading.Thread(target=_judge_cold, args=(judged,), name="otel-ttft-verdict-cold",
+                     daemon=True).start()
+
+
+def _add_request_stages(into: dict[str, float], stages: dict[str, float], warmup: Any) -> None:
+    """A request's TTFT stages, its warm-up work (first use, a compile, an adapter load) taken
+    out of the stage it happened in (front end; prefill) and named as the warm-up it was."""
+    own = {k: v for k, v in stages.items() if k != semconv.STAGE_FIRST_DECODE}
+    for item in warmup or ():
+        try:
+            _name, stage, start, end, _attrs = item
+            seconds = max(float(end) - float(start), 0.0)
+        except (TypeError, ValueError):
+            continue
+        host = (semconv.STAGE_FRONTEND if stage == semconv.STAGE_WARMUP_FIRST_USE
+                else semconv.STAGE_PREFILL)
+        taken = min(seconds, own.get(host, 0.0))
+        own[host] = own.get(host, 0.0) - taken
+        own[stage] = own.get(stage, 0.0) + taken
+    for k, v in own.items():
+        into[k] = into.get(k, 0.0) + v
+
+
+def _judge_cold(judged: _Judged) -> None:
+    try:
+        record = dict(judged.record, cold={
+            "requests": judged.cold_done, "ttft_s": round(judged.cold_ttft, 6),
+            "stages": {k: round(v, 6) for k, v in judged.cold_stages.items()}})
+        result = diagnosis.judge(record, judged.earlier,
+                                 phase=semconv.VERDICT_PHASE_COLD_REQUESTS,
+                                 vocab=judged.vocab, vocab_error=judged.vocab_error)
+        now = clock.now_ns()
+        parent = trace.set_span_in_context(trace.NonRecordingSpan(judged.span_context))
+        spans.emit_span(semconv.SPAN_ACTIVATION_VERDICT, now, now, context=parent,
+                        attributes=attributes(result))
+        _report(result, judged.trace_hex)
+        if judged.saving is not None:
+            judged.saving.join(history.LOCK_WAIT_S + 5)  # in order: this record replaces that
+        _save(judged.path, record)
+        ledger.forget(judged.trace_hex)
+        spans.flush_async()
+    except Exception:  # noqa: BLE001
+        logger.debug("otel-ttft: no cold-request verdict", exc_info=True)
+
+
+def attributes(result: dict) -> dict[str, Any]:
+    """The ``ttft.verdict.*`` attributes of one verdict."""
+    attrs: dict[str, Any] = {
+        semconv.ATTR_VERDICT_PHASE: result["phase"],
+        semconv.ATTR_VERDICT_OUTCOME: result["outcome"],
+        semconv.ATTR_VERDICT_BASELINE: result["baseline"],
+        semconv.ATTR_VERDICT_BASELINE_COUNT: result["baseline_count"],
+        semconv.ATTR_VERDICT_STAGE: result["stage"],
+        semconv.ATTR_VERDICT_INCREASE_S: float(result["increase_s"]),
+        semconv.ATTR_VERDICT_DURATION_S: float(result["duration_s"]),
+        semconv.ATTR_VERDICT_RECOMMENDATION: result["recommendation"],
+        semconv.ATTR_VERDICT_SUMMARY: result["summary"],
+    }
+    optional = {semconv.ATTR_VERDICT_SUBSTAGE: result.get("substage"),
+                semconv.ATTR_VERDICT_SUBSTAGE_INCREASE_S: result.get("substage_increase_s"),
+                semconv.ATTR_VERDICT_BASELINE_S: result.get("baseline_s"),
+                semconv.ATTR_VERDICT_LAST_S: result.get("last_s"),
+                semconv.ATTR_VERDICT_BEST_S: result.get("best_s"),
+                semconv.ATTR_VERDICT_FIX: result.get("fix") or None,
+                semconv.ATTR_VERDICT_CHANGE: list(result.get("change") or ()) or None}
+    attrs.update({k: v for k, v in optional.items() if v is not None})
+    return attrs
+
+
+def _report(result: dict, trace_hex: str) -> None:
+    """The log line and the gauge."""
+    global _latest
+    line = result["summary"]
+    if result.get("history_problem"):
+        line += f" [history: {result['history_problem']}]"
+    level = logging.WARNING if result["outcome"] == "expanded" else logging.INFO
+    logger.log(level, "%s (trace %s)", line, trace_hex)
+    labels = {semconv.ATTR_STAGE: result["stage"],
+              semconv.ATTR_VERDICT_SUBSTAGE: result.get("substage") or result["stage"],
+              semconv.ATTR_VERDICT_RECOMMENDATION: result["recommendation"],
+              semconv.ATTR_VERDICT_CHANGE: " ".join(result.get("change") or ())[:200],
+              semconv.ATTR_VERDICT_OUTCOME: result["outcome"],
+              semconv.ATTR_VERDICT_BASELINE: result["baseline"],
+              semconv.ATTR_VERDICT_PHASE: result["phase"],
+              semconv.ATTR_ACTIVATION_TRACE_ID: trace_hex}
+    if result.get("model"):
+        labels[semconv.GEN_AI_REQUEST_MODEL] = result["model"]
+    _latest = {"value": float(result["increase_s"]), "labels": labels}
+    _ensure_gauge()
+
+
+def _ensure_gauge() -> None:
+    provider = config.current.meter_provider
+    if id(provider) in _gauges:
+        return
+    _gauges.add(id(provider))
+    metrics.meter().create_observable_gauge(
+        semconv.METRIC_ACTIVATION_VERDICT, callbacks=[_observe], unit="s",
+        description="The blamed stage's increase over the earlier activations of its model on "
+                    "this host, in this server's latest verdict (labels: stage, fix, outcome)")
+
+
+def _observe(options: CallbackOptions):
+    latest = _latest
+    if latest is not None:
+        yield Observation(latest["value"], latest["labels"])
+
+
+def reset() -> None:
+    """Forget this process's activation and verdict, as a new process would (tests)."""
+    global _preload, _judged, _latest
+    _preload = _judged = _latest = None
+
+
+def wait_for_history(timeout_s: float) -> bool:
+    """Whether the history read begun by ``note_config`` has finished (tests, diagnostics)."""
+    pre = _preload
+    return pre is not None and pre.done.wait(timeout_s)
