@@ -30,11 +30,9 @@ def pause(server: VllmServer, paused: bool) -> None:
 
 def processes(server: VllmServer) -> dict[str, list[int]]:
     """The server's processes by role: ``api`` (the leader), ``engine`` (EngineCore),
-    ``worker``, ``exporter`` (the API server's span export process, started at its first
-    export), ``other`` (e.g. multiprocessing's resource tracker)."""
+    ``worker``, ``other`` (e.g. multiprocessing's resource tracker)."""
     pgid = os.getpgid(server.pid)
-    roles: dict[str, list[int]] = {"api": [], "engine": [], "worker": [], "exporter": [],
-                                   "other": []}
+    roles: dict[str, list[int]] = {"api": [], "engine": [], "worker": [], "other": []}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -47,13 +45,8 @@ def processes(server: VllmServer) -> dict[str, list[int]]:
         if int(fields[2]) != pgid:  # field 5: process group
             continue
         pid = int(entry)
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-        except OSError:
-            cmdline = b""
         role = ("api" if pid == server.pid else "engine" if "Engine" in comm
-                else "worker" if "Worker" in comm
-                else "exporter" if b"offload_sidecar" in cmdline else "other")
+                else "worker" if "Worker" in comm else "other")
         roles[role].append(pid)
     return roles
 
