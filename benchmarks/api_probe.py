@@ -3,21 +3,36 @@ garbage-collection accounting that a Python profiler does not show: collections 
 the CPU time they took, and objects collected. Every arm of ``request_overhead.py --probe`` runs
 under it alike. ``SIGUSR2`` writes the counts so far as JSON to ``$BENCH_PROBE_FILE``.
 
-``SIGUSR1`` switches otel-ttft's hooks in this process off (every wrapper undone, as
-``uninstrument`` does) or back on, and writes ``{"hooks": "on"|"off"}`` to
-``$BENCH_PROBE_FILE.switch``: ``request_overhead.py --switch`` measures the same API server process
-with and without our hooks, run after run, which no pair of separate servers can (a server keeps a
-speed of its own for its life: two identical ones differ by 10-50 % here). Sent only between runs,
-when no request is in flight.
+``SIGUSR1`` switches this process to the state written in ``$BENCH_PROBE_FILE.want``
+(``{"hooks": "on"|"off", "vllm_tracing": "on"|"off"}``; without that file it toggles the hooks)
+and writes the state reached to ``$BENCH_PROBE_FILE.switch``. ``hooks``: otel-ttft's hooks in
+this process off (every wrapper undone, as ``uninstrument`` does) or back on:
+``request_overhead.py --arms ...,off`` and ``paired_overhead.py`` measure the same API server
+process with and without our hooks, run after run, which no pair of separate servers can (a
+server keeps a speed of its own for its life: two identical ones differ by 10-50 % here).
+``"flush": true`` exports every span ended so far, in this
+process (the tracer providers' ``force_flush``), so that a run's spans are sent inside its own
+counted window rather than in a later run's. ``vllm_tracing`` (with
+``BENCH_PROBE_VLLM_TRACES=URL``): vLLM's own request tracing on or off in
+this process, as ``--otlp-traces-endpoint URL`` would have set it at start: the three things that
+flag decides in the API process at run time (``observability_config.otlp_traces_endpoint``, which
+``AsyncLLM.add_request`` reads to keep a request's trace headers; ``OutputProcessor.
+tracing_enabled``, which calls ``do_tracing`` for each finished request; the tracer provider
+``do_tracing`` gets its tracer from). The provider is vLLM's own, built by vLLM's
+``init_otel_tracer`` (a ``BatchSpanProcessor`` and an OTLP exporter to URL), not the one
+``opentelemetry-instrument`` installed globally: vLLM's install of it as the global provider is
+taken instead into the ``trace`` name its tracing module reads, so vLLM's spans cost what they
+cost in a plain vLLM. Sent only between runs, when no request is in flight.
 
 With ``BENCH_PROBE_METER=1`` (``request_overhead.py --meter``) the hooks a switch turns on are
-metered (``hook_meter``): each wrapper's own time (its time minus the vLLM call inside), and
-what runs outside any wrapper (the deferred emission ``_settle``, the ``send`` in front of every
-streamed chunk), counted in this server's own main thread. ``SIGUSR2``'s dump then carries those
-sums, the calls per guard kind, and what a timer and each guard cost here, measured at start:
-our frames' own CPU inside a real, busy server, beside the microbenchmark's figure for the same
-code. The timers cost the metered process itself about 1 us a hooked call, so a metered run's
-CPU is not compared with another's.
+metered (``hook_meter``): each wrapper's own time (its time minus the vLLM call inside), and the
+deferred emission (``settle.settle``, on the event loop, outside any wrapper), counted in this
+server's own main thread. ``SIGUSR2``'s dump then carries those sums, the calls, and what a timer
+and the guard cost here, measured at start: our frames' own CPU inside a real, busy server,
+beside the microbenchmark's figure for the same code. Not metered: the ``send`` in front of
+each streamed chunk (two attribute tests; it awaits starlette's send) and the ``generate`` hook
+(content capture only). The timers cost the metered process itself about 1 us a hooked call,
+so a metered run's CPU is not compared with another's.
 
 With ``BENCH_PROBE_STUB=module:function,...`` each named function is replaced by one that does
 nothing and returns ``None`` (``module:function=true``: returns ``True``), from the first switch
@@ -111,26 +126,115 @@ def _dump(_signum: int, _frame: object) -> None:
 
 def _switch(_signum: int, _frame: object) -> None:
     _stub_functions()
+    path = os.environ.get("BENCH_PROBE_FILE")
+    want: dict | None = None  # no file: the hooks the other way round
+    if path and os.path.exists(f"{path}.want"):
+        with open(f"{path}.want") as f:
+            want = json.load(f)
+    global _hooks_state
+    if want is None or "hooks" in want:
+        _hooks_state = _switch_hooks(want and want["hooks"])
+    tracing = _VllmTracing.switch(want["vllm_tracing"]) if want and "vllm_tracing" in want \
+        else _VllmTracing.state()
+    if want and want.get("flush"):  # every span ended so far exported, in this process's CPU
+        from opentelemetry import trace
+
+        for provider in (trace.get_tracer_provider(), _VllmTracing.provider):
+            if hasattr(provider, "force_flush"):
+                provider.force_flush(10_000)
+    if path:
+        with open(f"{path}.switch.tmp", "w") as f:
+            json.dump({"hooks": _hooks_state, "vllm_tracing": tracing}, f)
+        os.replace(f"{path}.switch.tmp", f"{path}.switch")
+
+
+def _switch_hooks(want: str | None) -> str:
+    """Our hooks to ``want`` (``None``: the other way round); the state reached."""
     from otel_ttft.runtime import config
     from otel_ttft.runtime.instrumentor import VllmTTFTInstrumentor, disabled_hooks
 
     hooks = VllmTTFTInstrumentor()._hooks  # the instrumentor is a singleton
-    state = "none"
-    if hooks is not None and _meter is not None:
-        state = _switch_metered(hooks, disabled_hooks(hooks.hooks, config.current))
-    elif hooks is not None:
+    if hooks is None:
+        return "none"
+    if _meter is not None:
+        return _switch_metered(hooks, disabled_hooks(hooks.hooks, config.current), want)
+    if want is None or (want == "on") != hooks.active:
         if hooks.active:
             hooks.remove()
         else:
             hooks.apply(disabled=disabled_hooks(hooks.hooks, config.current))
-        state = "on" if hooks.active else "off"
-    global _hooks_state
-    _hooks_state = state
-    path = os.environ.get("BENCH_PROBE_FILE")
-    if path:
-        with open(f"{path}.switch.tmp", "w") as f:
-            json.dump({"hooks": state}, f)
-        os.replace(f"{path}.switch.tmp", f"{path}.switch")
+    return "on" if hooks.active else "off"
+
+
+class _VllmTracing:
+    """vLLM's own request tracing in this API process, on or off at run time
+    (``BENCH_PROBE_VLLM_TRACES``): see the module docstring."""
+
+    engines: list = []  # every AsyncLLM built in this process (one)
+    provider = None  # vLLM's own tracer provider, built at the first switch
+    on = False
+
+    @classmethod
+    def watch(cls) -> None:
+        """Notes the ``AsyncLLM`` when vLLM builds it (its ``__init__`` wrapped until then)."""
+        import wrapt
+
+        def note(wrapped, instance, args, kwargs):
+            cls.engines.append(instance)
+            return wrapped(*args, **kwargs)
+
+        wrapt.register_post_import_hook(
+            lambda module: wrapt.wrap_function_wrapper(module, "AsyncLLM.__init__", note),
+            "vllm.v1.engine.async_llm")
+
+    @classmethod
+    def state(cls) -> str:
+        return "none" if cls.provider is None else "on" if cls.on else "off"
+
+    @classmethod
+    def switch(cls, want: str | None) -> str:
+        endpoint = os.environ.get("BENCH_PROBE_VLLM_TRACES")
+        if not endpoint or not cls.engines:
+            return "none"
+        from opentelemetry import trace
+        from vllm.tracing import otel as vllm_otel
+
+        if cls.provider is None:  # what ``--otlp-traces-endpoint`` builds, by vLLM's own code
+            installed: list = []
+            vllm_otel.set_tracer_provider = installed.append
+            try:
+                vllm_otel.init_otel_tracer("vllm.llm_engine", endpoint)
+            finally:
+                vllm_otel.set_tracer_provider = trace.set_tracer_provider
+            cls.provider = installed[0]
+        on = (not cls.on) if want is None else want == "on"
+        engine = cls.engines[-1]
+        engine.observability_config.otlp_traces_endpoint = endpoint if on else None
+        engine.output_processor.tracing_enabled = on
+        vllm_otel.trace = _OwnGlobal(cls.provider) if on else trace
+        cls.on = on
+        return "on" if on else "off"
+
+
+class _OwnGlobal:
+    """``opentelemetry.trace`` as vLLM's tracing module would see it in a plain vLLM: its own
+    provider is the global one."""
+
+    def __init__(self, provider) -> None:
+        self._provider = provider
+
+    def get_tracer(self, name, version=None, tracer_provider=None, schema_url=None,
+                   attributes=None):
+        return (tracer_provider or self._provider).get_tracer(name, version, schema_url,
+                                                              attributes)
+
+    def get_tracer_provider(self):
+        return self._provider
+
+    def __getattr__(self, name: str):
+        from opentelemetry import trace
+
+        return getattr(trace, name)
 
 
 _stubbed = False
@@ -167,14 +271,17 @@ def _returning(value: object):
     return stub
 
 
-def _switch_metered(hooks, disabled: set[str]) -> str:
+def _switch_metered(hooks, disabled: set[str], want: str | None) -> str:
     """The instrumentor's own hooks give way to metered copies; then metered on / off."""
     global _metered
     from otel_ttft.runtime.hooks.registry import HookSet
 
     if hooks.active:
         hooks.remove()
-    if _metered is not None and _metered.active:
+    on = _metered is not None and _metered.active
+    if want is not None and (want == "on") == on:
+        return want
+    if on:
         _metered.remove()
         _free_functions(False)
         return "off"
@@ -186,16 +293,16 @@ def _switch_metered(hooks, disabled: set[str]) -> str:
 
 
 def _meterable(hook) -> bool:
-    """The API server's request hooks as the microbenchmark times them (not async, not streams)."""
+    """The API server's request hooks as the microbenchmark times them (not async, not
+    streams)."""
     import inspect
 
-    from otel_ttft.runtime.hooks.registry import Split, Stream
+    from otel_ttft.runtime.hooks.registry import Stream
 
     wrapper = hook.wrapper
     return (hook.name.startswith("request.") and hook.process == "api_server"
-            and (isinstance(wrapper, Split) or not (
-                (isinstance(wrapper, type) and issubclass(wrapper, Stream))
-                or inspect.iscoroutinefunction(wrapper))))
+            and not (isinstance(wrapper, type) and issubclass(wrapper, Stream))
+            and not inspect.iscoroutinefunction(wrapper))
 
 
 _originals: dict = {}
@@ -203,12 +310,9 @@ _originals: dict = {}
 
 def _free_functions(on: bool) -> None:
     """Our code that runs outside any wrapper, metered too (API process only)."""
-    from otel_ttft.runtime.hooks.request import api, flush, settle
+    from otel_ttft.runtime.hooks.request import settle
 
-    # ``FirstOutputs`` includes vLLM's ``update_from_output`` it calls (three attribute tests).
-    targets = {(settle, "_settle"): "request.settle",
-               (flush._TimedSend, "__call__"): "request.send",
-               (api.FirstOutputs, "__call__"): "request.first_outputs"}
+    targets = {(settle, "settle"): "request.settle"}  # on the event loop, a call_later
     for spec in filter(None, os.environ.get("BENCH_PROBE_METER_FUNCS", "").split(",")):
         module, _, qualname = spec.partition(":")  # inclusive time only: not in the total
         *owners, name = qualname.split(".")
@@ -264,6 +368,10 @@ def main() -> None:
         _meter = Meter()
         timer_s, guard_s = guard_overhead()  # in this process, before the server starts
         _calibration.update(timer_s=timer_s, guard_s=guard_s)
+    if os.environ.get("BENCH_PROBE_VLLM_TRACES"):
+        _VllmTracing.watch()
+    ours = sys.modules.get("otel_ttft")  # imported by opentelemetry-instrument, if it ran
+    print(f"api_probe: otel_ttft from {getattr(ours, '__file__', None)}", flush=True)
     signal.signal(signal.SIGUSR2, _dump)
     signal.signal(signal.SIGUSR1, _switch)
     module = sys.argv[2]

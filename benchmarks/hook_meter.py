@@ -1,21 +1,20 @@
-"""Our hooks' own time inside the microbenchmark: each wrapper's time minus the vLLM call inside
-it, and what the registry's guards add per call, measured per guard kind."""
+"""Our hooks' own time: each wrapper's time minus the vLLM call inside it, and what the registry's
+guard adds per call (wrapt's dispatch, the guard's frames and checks), measured here."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import replace
 
-from otel_ttft.runtime.hooks.registry import PASS, Hook, Split, Swap, guard
+from otel_ttft.runtime.hooks.registry import Hook, guard
 
 # This thread's CPU time, not wall time: on a shared machine, time spent descheduled is not ours.
 _clock = time.thread_time
 
 
 class Meter:
-    """Own time of the hook wrappers (their time minus the vLLM call inside), per process side,
-    and their calls by guard kind (the registry's general guard, or the request path's lean one:
-    ``Split``, ``Swap``)."""
+    """Own time of the hook wrappers (their time minus the vLLM call inside), per process side
+    and per hook, and their calls per side."""
 
     def __init__(self) -> None:
         self.own: dict[str, float] = {}
@@ -24,12 +23,9 @@ class Meter:
         """Own time per hook (where a side's time goes)."""
 
     def timed(self, hook: Hook) -> Hook:
+        """A copy of ``hook`` (not applied) whose wrapper is timed; a plain ``(call, instance,
+        args, kwargs)`` wrapper only (not a ``Stream``, not ``async``)."""
         wrapper, side, name = hook.wrapper, hook.process, hook.name
-        kind = "split" if isinstance(wrapper, (Split, Swap)) else "sync"
-        if isinstance(wrapper, Split):
-            wrapper = _as_call(wrapper)
-        elif isinstance(wrapper, Swap):
-            wrapper = _swap_as_call(wrapper)
 
         def run(wrapped, instance, args, kwargs):
             inner = 0.0
@@ -49,48 +45,20 @@ class Meter:
                 own = _clock() - t0 - inner
                 self.own[side] = self.own.get(side, 0.0) + own
                 self.by_hook[name] = self.by_hook.get(name, 0.0) + own
-                self.calls[side, kind] = self.calls.get((side, kind), 0) + 1
+                self.calls[side, "sync"] = self.calls.get((side, "sync"), 0) + 1
 
         return replace(hook, wrapper=run, applied=False)
 
     def guard_s(self, side: str, per_call: dict[str, float]) -> float:
-        """What the registry's guards add around this side's calls (not inside ``own``)."""
+        """What the registry's guard adds around this side's calls (not inside ``own``)."""
         return sum(n * per_call[kind] for (s, kind), n in self.calls.items() if s == side)
 
 
-def _as_call(split: Split):
-    """A ``Split`` as a ``(call, instance, args, kwargs)`` wrapper, so it can be timed alike."""
-    before, after = split.before, split.after
-
-    def wrapper(call, instance, args, kwargs):
-        token = before(instance, args, kwargs) if before is not None else None
-        if token is PASS or after is None:
-            return call(*args, **kwargs)
-        result = call(*args, **kwargs)
-        after(token, instance, args, kwargs, result)
-        return result
-
-    return wrapper
-
-
-def _swap_as_call(swap: Swap):
-    """A ``Swap`` as a ``(call, instance, args, kwargs)`` wrapper."""
-    prepare = swap.prepare
-
-    def wrapper(call, instance, args, kwargs):
-        swapped = prepare(instance, args, kwargs)
-        if swapped is not None:
-            args, kwargs = swapped
-        return call(*args, **kwargs)
-
-    return wrapper
-
-
 def guard_overhead() -> tuple[float, dict[str, float]]:
-    """The timer's own cost per timed call (subtracted), and what each kind of the registry's
-    guard costs per call around a hook that does nothing (added: wrapt's dispatch, the guard's
-    frames and checks; the general guard's call object and suppression check): in vLLM's API
-    server at concurrency 1 these run once per streamed token."""
+    """The timer's own cost per timed call (subtracted), and what the registry's guard costs per
+    call around a hook that does nothing (added: wrapt's dispatch, the guard's frames, its
+    suppression check and call object): in vLLM's API server at concurrency 1 these run once
+    per streamed token."""
     import wrapt
 
     def noop(*a, **k):
@@ -99,13 +67,9 @@ def guard_overhead() -> tuple[float, dict[str, float]]:
     def through(wrapped, instance, args, kwargs):
         return wrapped(*args, **kwargs)
 
-    def nothing(instance, args, kwargs):
-        return PASS
-
     meter = Meter()
     timed = wrapt.FunctionWrapper(noop, meter.timed(Hook("t", "m:f", through, process="x")).wrapper)
-    guarded = {"sync": wrapt.FunctionWrapper(noop, guard(Hook("g", "m:f", through))),
-               "split": wrapt.FunctionWrapper(noop, guard(Hook("s", "m:f", Split(nothing))))}
+    guarded = {"sync": wrapt.FunctionWrapper(noop, guard(Hook("g", "m:f", through)))}
     n = 20000
     best_timer = float("inf")
     best = {kind: float("inf") for kind in guarded}

@@ -46,7 +46,7 @@ def cell_figures(results: list[dict], arms: list[str]) -> dict:
 
     def ratio(arm: str, values: dict[str, list[float]], base: str = "plain") -> dict:
         a, b = values[arm], values[base]
-        if not any(b):  # no such process in plain vLLM (the export process): no ratio
+        if not any(b):  # nothing to divide by: no ratio
             return {"per_round": [], "median": None}
         pairs = [x / y for x, y in zip(a, b, strict=True) if y]
         low, high = median_interval(pairs)
@@ -57,7 +57,7 @@ def cell_figures(results: list[dict], arms: list[str]) -> dict:
                     [x - y for x, y in zip(a, b, strict=True)]), 4)}
 
     out: dict = {"unit": "per second (idle)" if idle else "per request"}
-    for role in ("api", "engine", "worker", "exporter"):
+    for role in ("api", "engine", "worker"):
         values = {arm: per_req(arm, role) for arm in arms}
         out[f"cpu_{role}_ms"] = {arm: [round(v, 3) for v in values[arm]]
                                              for arm in arms}

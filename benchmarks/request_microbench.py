@@ -6,39 +6,26 @@ tokenizer (API side) run a fixed batch of requests to completion, the model repl
 one token per finished prefill", with and without our hooks (interleaved rounds).
 
 Our cost is measured directly, not as a difference of two noisy totals: each hook wrapper's own
-time (its time minus the vLLM call inside it, the timer's own cost subtracted and the registry's
-guard per call added: wrapt's dispatch and the guard's own frames, measured per guard kind), the
-``generate`` hook over a stand-in async generator when it is
-applied (only with content capture opted in; by default ``generate`` is not wrapped), and the
-OTLP encoding of everything the round produced
-(the API server's handoff to its export process, ``span_wire.encode``, counted in the all-in
-figure; ``encode_spans(...).SerializeToString()`` as the exporter does, reported as the export
-process's; one metrics export's encoding is reported on its own: it is paid once per export
-interval, 60 s by default, not per request). ``--traced`` gives every request a sampled
-``traceparent``, so every request's span is built, as behind a traced gateway.
-Spans and metrics go through SDK providers as ``opentelemetry-instrument`` sets them up (batch
-span processor). Not counted here: the HTTP send (the end-to-end benchmark counts
-everything). Plain vLLM's time on the same code paths is the denominator of the ratios. Two
-output lengths (``--tokens 16,256``) split the cost into per request and per streamed output.
-Every timer reads this thread's CPU time (``time.thread_time``), so that time spent descheduled
-on a shared machine is not counted; fastest round of each (ours: hooks, spans, metrics and the
-encoding of the same round's spans together), as the remaining noise only ever adds.
+time (its time minus the vLLM call inside, the timer's cost subtracted, the registry's guard per
+call added), the HTTP-side hooks over stand-ins with starlette's and vLLM's signatures, and the
+OTLP encoding of the round's spans (what the exporter does in the API process's export thread;
+one metrics export's encoding is reported apart: paid once per export interval). Spans and
+metrics go through the providers our configurator builds for ``opentelemetry-instrument``.
+``--traced``: every request has a sampled ``traceparent`` (every span is built). Not counted: the
+HTTP send, the export's network write (``paired_overhead.py`` counts everything), the
+``generate`` hook (content capture only). Plain vLLM's time on the same code paths is the
+denominator. ``--tokens 16,256`` splits the cost into per request and per streamed output.
+Timers read this thread's CPU time; the fastest round of each is kept (noise only adds).
 
-By default all requests are admitted at once (128 outputs per engine step, so what our hooks do
-per step is shared by 128 requests); ``--in-flight N`` keeps at most N in the engine, a new one
-admitted as one ends, as the end-to-end benchmark's closed loop at concurrency N does: at 1, each
-streamed token is a step of its own, and per-step costs count per token.
-
-By default the CPU caches are evicted before each half of every engine step (``--caches cold``):
-inside a busy API server, vLLM's HTTP stack, event loop and ZMQ run between two of our calls
-and the worker's matrix work sweeps the shared cache, so our code runs cold there. Metered in a
-real server (``request_overhead.py --meter``), the same frames cost several times their
-back-to-back figure (``--caches warm``); a TTFT sample into the SDK's histogram, 1 us back to
-back, took about 20 us. Finished requests are emitted in one batch per run, as the server's
-event loop does once a second (``settle.EMIT_DELAY_S``).
+``--in-flight N`` keeps at most N requests in the engine, a new one admitted as one ends (the
+closed loop cN: at 1, per-step costs count per token); by default all are admitted at once.
+``--caches cold`` (default) evicts the CPU caches before each half of every engine step, as the
+rest of a busy server does between two of our calls; ``warm``: back to back. There is no event
+loop here: a finished request is emitted as it ends, where the server batches them a second
+later (``settle.EMIT_DELAY_S``); the work per request is the same.
 
 Usage: python benchmarks/request_microbench.py [--requests 128] [--tokens 16,256] [--rounds 9]
-       [--in-flight N] [--traced] [--caches cold|warm]
+       [--in-flight N] [--traced] [--caches cold|warm] [--json FILE]
 """
 
 from __future__ import annotations
@@ -51,25 +38,22 @@ import random
 import sys
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 from hook_meter import Meter, guard_overhead
 from opentelemetry import metrics, trace
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from otel_ttft.runtime import config
+from otel_ttft.runtime import config, configurator
 from otel_ttft.runtime.hooks import request, rpc
 from otel_ttft.runtime.hooks.registry import HookSet
-from otel_ttft.runtime.hooks.request import api as request_api
-from otel_ttft.runtime.hooks.request import flush
-from otel_ttft.runtime.hooks.request import settle as request_settle
+from otel_ttft.runtime.hooks.request import flush, settle
+from otel_ttft.runtime.hooks.request.state import book
 from otel_ttft.runtime.instrumentor import disabled_hooks
-from otel_ttft.runtime.telemetry import span_wire
 from otel_ttft.tools.tiny_model import ensure_tiny_model
 
 # This thread's CPU time, not wall time: on a shared machine, time spent descheduled is not ours.
@@ -77,10 +61,7 @@ _clock = time.thread_time
 
 
 class _Collect(SpanExporter):
-    """Keeps what the batch processor hands over, for encoding outside the timed request path.
-    Takes spans encoded as they end, as the API server's export process does by default."""
-
-    takes_wire_spans = True
+    """Keeps what the batch processor hands over, for encoding outside the timed request path."""
 
     def __init__(self) -> None:
         self.spans: list = []
@@ -94,37 +75,30 @@ SPANS = _Collect()
 READER = InMemoryMetricReader()
 
 
-def install_providers() -> TracerProvider:
-    provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(SPANS))  # SDK defaults
-    trace.set_tracer_provider(provider)
-    metrics.set_meter_provider(MeterProvider(metric_readers=[READER]))
-    return provider
+def install_providers():
+    """Our configurator's providers around the collector and an in-memory reader, global."""
+    built = configurator.build({}, span_exporters=[SPANS], metric_readers=[READER])
+    trace.set_tracer_provider(built.tracer_provider)
+    metrics.set_meter_provider(built.meter_provider)
+    return built.tracer_provider
 
 
-def encode_round(provider: TracerProvider) -> tuple[float, float, float, int, int]:
-    """Seconds to hand this round's spans to the export process (``span_wire``: what the API
-    server pays by default) and to OTLP-encode them (what the export process pays, or the API
-    server with ``OTEL_TTFT_EXPORT_OFFLOAD=false``), and one metrics collection's encoding (a
-    per-export cost, whatever the number of requests); how many spans and OTLP span bytes."""
+def encode_round(provider) -> tuple[float, float, int, int]:
+    """Seconds to OTLP-encode this round's spans (the exporter's work) and one metrics
+    collection (a per-export cost, whatever the number of requests); spans and OTLP bytes."""
     provider.force_flush()
     spans, SPANS.spans = SPANS.spans, []
     data = READER.get_metrics_data()
-    handoff_s = span_s = metric_s = float("inf")
+    span_s = metric_s = float("inf")
     size = 0
-    readable = span_wire.readable(spans)  # the export process's decoding (not timed)
     for _ in range(3):  # deterministic work: the fastest of three drops the machine's noise
         t0 = _clock()
-        if spans:
-            span_wire.encode(spans)
+        size = len(encode_spans(spans).SerializeToString()) if spans else 0
         t1 = _clock()
-        size = len(encode_spans(readable).SerializeToString()) if spans else 0
-        t2 = _clock()
         if data is not None:
             encode_metrics(data).SerializeToString()
-        handoff_s, span_s = min(handoff_s, t1 - t0), min(span_s, t2 - t1)
-        metric_s = min(metric_s, _clock() - t2)
-    return handoff_s, span_s, metric_s, len(spans), size
+        span_s, metric_s = min(span_s, t1 - t0), min(metric_s, _clock() - t1)
+    return span_s, metric_s, len(spans), size
 
 
 @dataclass
@@ -132,10 +106,7 @@ class Timing:
     engine_s: float = 0.0  # Scheduler.add_request + schedule + update_from_output
     api_s: float = 0.0  # OutputProcessor.add_request + process_outputs (+ our span building)
     request_steps: int = 0  # scheduled (request, step) pairs
-    close_s: float = 0.0  # records still open at the end, closed as generate's end would
-    encode_s: float = 0.0  # OTLP encoding of the round's spans and one metrics export
-    spans: int = 0
-    otlp_bytes: int = 0
+    close_s: float = 0.0  # records still open at the end, closed as a disconnect would
 
 
 def build(model_dir: str, n_requests: int):
@@ -191,16 +162,12 @@ class _Executor:
 
 TRACED = False  # --traced: every request arrives with a sampled traceparent
 IN_FLIGHT = 0  # --in-flight N: at most N requests in the engine at once (0: all admitted at once)
-COLD = True  # --caches cold: the CPU caches evicted before every engine step's two halves
 
 
 class _Evictor:
     """What the rest of a busy server does to the CPU caches between two engine steps (the HTTP
-    stack, the event loop, ZMQ and msgspec in the API process; the worker's matrix work on the
-    other core): evicted. Writes one byte per cache line over twice the L2 size of this machine's
-    cores and over many pages (the TLB). Measured in a real server (``request_overhead.py
-    --meter``), our frames cost several times what the same code costs run back to back;
-    ``--caches warm`` shows the back-to-back figure."""
+    stack, event loop and ZMQ; the worker next door): one byte written per cache line over
+    twice the L2 size and over many pages (the TLB)."""
 
     def __init__(self, size: int = 16 << 20):
         import numpy as np
@@ -215,11 +182,8 @@ evict = None  # set in main (--caches cold)
 
 
 class YoungObjects:
-    """Objects the garbage collector tracks that a run leaves alive long enough to count
-    towards its next collection (a gen-0 collection every ``threshold`` of them): collections
-    times the threshold, plus the count left at the end. In the API server each collection
-    scans what is young with its caches cold (0.25-0.4 ms each there, ``--probe``), so every
-    object a request's record keeps brings the next one closer."""
+    """Tracked objects a run leaves alive long enough to count towards the next collection
+    (collections times the threshold, plus the count left): each brings one closer."""
 
     def __init__(self) -> None:
         self.objects = 0
@@ -312,44 +276,21 @@ def run_batch(fresh, n_requests: int, n_tokens: int, seed: int) -> Timing:
         step += 1
         while waiting and len(scheduler.requests) < limit:  # a closed loop: one ends, one comes
             admit(waiting.pop())
-    # Finished requests are emitted in a batch, as the server's event loop does a second after
-    # the first of them ended (``settle.EMIT_DELAY_S``); any record still open is closed as a
-    # disconnect would.
+    # Any record still open (none when every request ended) is closed as a disconnect would.
     t0 = _clock()
-    if request_settle.settling:
-        request_settle._settle(give_up=True)
-    for rec in list(request_api.live.values()):
-        request_settle.request_spans.emit_request(rec, time.monotonic())
-    request_api.live.clear()
+    for rid in list(book.live):
+        settle.end(book.forget(rid), time.monotonic())
+    settle.settle(give_up=True)
     timing.close_s = _clock() - t0
     timing.api_s += timing.close_s
     return timing
 
 
-class _StandIn:
-    """Stands in for ``AsyncLLM``: ``generate`` yields ready outputs, so only the hook's
-    per-request and per-output work differs between the two timings."""
-
-    model_config = None
-
-    def __init__(self, outs: list) -> None:
-        self.outs = outs
-
-    async def generate(self, prompt, sampling_params, request_id, **kwargs):
-        for o in self.outs:
-            yield o
-
-
 class _Front:
-    """Stands in for starlette's ``StreamingResponse``, vLLM's ``extract_trace_headers`` and
-    ``AsyncLLM.add_request``: the HTTP side of one streamed request (a start message, one body
-    chunk per output and the last one), so that the hooks there (``request.flush``: a box per
-    response and a ``send`` in front of every chunk; ``request.caller_server`` and
-    ``request.caller``: the caller's headers, which vLLM's server reads only for a request that
-    carries some) are timed through the registry."""
-
-    def extract_trace_headers(self, headers):
-        return {k: v for k, v in headers.items() if k in ("traceparent", "tracestate")}
+    """Stands in for starlette's ``StreamingResponse`` and ``AsyncLLM.add_request``: the HTTP
+    side of one streamed request (a start message, one body chunk per output and the last one),
+    so that the hooks there (``request.flush``: a box per response and a ``send`` in front of
+    every chunk; ``request.caller``: the caller's headers) are timed through the registry."""
 
     def add_request(self, request_id, prompt, params, arrival_time=None, lora_request=None,
                     tokenization_kwargs=None, trace_headers=None):
@@ -361,7 +302,7 @@ class _Front:
             if i == 1:  # the first output reached the API process: its chunk is timed
                 box = flush.FLUSH.get()
                 if box is not None:
-                    box.arm()
+                    box.armed = True
             await send({"type": "http.response.body", "body": b"data: {}\n\n",
                         "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -372,7 +313,7 @@ _TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 async def _front_end(n_outputs: int, rounds: int) -> float:
     """Seconds per request added by the HTTP-side hooks (``request.flush``, ``request.caller``)
-    to stand-ins with vLLM's and starlette's signatures, applied through the registry. With cold
+    to stand-ins with starlette's and vLLM's signatures, applied through the registry. With cold
     caches, the caches are evicted before each request (the eviction's own time left out), not
     between its chunks: in the server one step's chunks go out back to back."""
     front = _Front()
@@ -391,16 +332,12 @@ async def _front_end(n_outputs: int, rounds: int) -> float:
                 t = _clock()
                 evict()
                 excluded += _clock() - t
-            headers = None
-            if TRACED:  # vLLM's server reads them only where the request carries some
-                headers = front.extract_trace_headers({"traceparent": _TRACEPARENT})
+            headers = {"traceparent": _TRACEPARENT} if TRACED else None
             front.add_request("f", "p", None, trace_headers=headers)
             await front.stream_response(send)
         return _clock() - t0 - excluded
 
-    targets = {"request.flush": "_Front.stream_response",
-               "request.caller_server": "_Front.extract_trace_headers",
-               "request.caller": "_Front.add_request"}
+    targets = {"request.flush": "_Front.stream_response", "request.caller": "_Front.add_request"}
     hooks = [replace(h, target=f"{__name__}:{targets[h.name]}", applied=False)
              for h in request.HOOKS if h.name in targets]
     plain, hooked = [], []
@@ -413,80 +350,23 @@ async def _front_end(n_outputs: int, rounds: int) -> float:
     return (min(hooked) - min(plain)) / rounds
 
 
-async def _passthrough(n_outputs: int, rounds: int) -> float:
-    """Seconds per request added by the ``request.generate`` hook, applied through the registry
-    as in vLLM, to a stand-in generator (the records themselves are emitted elsewhere)."""
-    from vllm.sampling_params import RequestOutputKind, SamplingParams
-
-    class Choice:
-        index, text, finish_reason = 0, "x", None
-
-    class Out:
-        finished = False
-        outputs = [Choice()]
-
-    outs = [Out() for _ in range(n_outputs)]
-    outs[-1] = type("Last", (Out,), {"finished": True})()
-    params = SamplingParams(max_tokens=n_outputs, output_kind=RequestOutputKind.DELTA)
-    hook = next(h for h in request.HOOKS if h.name == "request.generate")
-    stand_in = _StandIn(outs)
-
-    async def timed() -> float:
-        t0 = _clock()
-        for i in range(rounds):
-            async for _ in stand_in.generate("p", params, f"s{i}"):
-                pass
-        return _clock() - t0
-
-    plain = []
-    hooked = []
-    for _ in range(3):
-        plain.append(await timed())
-        hooks = HookSet([replace(hook, target=f"{__name__}:_StandIn.generate", applied=False)])
-        hooks.apply()
-        hooked.append(await timed())
-        hooks.remove()
-    return (min(hooked) - min(plain)) / rounds
-
-
-def _meter_first_outputs(meter: Meter):
-    """Our ``FirstOutputs`` runs outside any wrapper (set on each request's own
-    ``LogprobsProcessor``): its time goes to the API side like a hook's, vLLM's
-    ``update_from_output`` inside it included (three attribute tests). Returns the original."""
-    original = request_api.FirstOutputs.__call__
-
-    def timed(self, eco):
-        t0 = time.thread_time()
-        try:
-            return original(self, eco)
-        finally:
-            own = time.thread_time() - t0
-            meter.own["api_server"] = meter.own.get("api_server", 0.0) + own
-            meter.by_hook["request.first_outputs"] = (
-                meter.by_hook.get("request.first_outputs", 0.0) + own)
-
-    request_api.FirstOutputs.__call__ = timed
-    return original
-
-
-def measure(fresh, provider: TracerProvider, n: int, tokens: int, rounds: int) -> dict:
+def measure(fresh, provider, n: int, tokens: int, rounds: int) -> dict:
     """Our own time, measured directly (hook wrappers minus the vLLM calls inside them, the
-    ``generate`` hook over a stand-in, OTLP encoding of what was produced), next to plain vLLM's
+    HTTP-side hooks over stand-ins, OTLP encoding of what was produced), next to plain vLLM's
     time on the same code paths (runs without hooks, interleaved)."""
     timer_s, guard_s = guard_overhead()
     skipped = disabled_hooks(request.HOOKS, config.current)  # as the instrumentor leaves out
     plain: list[Timing] = []
     ours: list[dict] = []
     young = {"plain": 0, "full": 0}  # tracked objects that lived to count, over all rounds
+    rpc_hook = replace(rpc.COLLECTIVE_RPC, target=f"{__name__}:_Executor.collective_rpc")
     for r in range(rounds):
         meter = Meter()
-        rpc_hook = replace(rpc.COLLECTIVE_RPC, target=f"{__name__}:_Executor.collective_rpc")
         hooks = HookSet([meter.timed(h) for h in [*request.HOOKS, rpc_hook]
-                         if h.name != "request.generate" and h.name not in skipped])
+                         if h.name not in skipped and h.name != "request.flush"])
         for mode in (("plain", "full") if r % 2 == 0 else ("full", "plain")):
             if mode == "full":
                 hooks.apply()
-                first_outputs = _meter_first_outputs(meter)
             encode_round(provider)  # start from an empty batch
             with YoungObjects() as counted:
                 timing = run_batch(fresh, n, tokens, seed=10 + r)
@@ -495,59 +375,47 @@ def measure(fresh, provider: TracerProvider, n: int, tokens: int, rounds: int) -
                 plain.append(timing)
                 continue
             hooks.remove()
-            request_api.FirstOutputs.__call__ = first_outputs
-            handoff_s, encode_s, metrics_s, spans, size = encode_round(provider)
+            encode_s, metrics_s, spans, size = encode_round(provider)
             cost = {side: meter.own.get(side, 0.0) + meter.guard_s(side, guard_s)
                     for side in ("api_server", "engine_core")}
             ours.append({"api_s": cost["api_server"] + timing.close_s,
-                         "engine_s": cost["engine_core"], "encode_s": handoff_s,
-                         "otlp_encode_s": encode_s,
-                         "metrics_s": metrics_s,
-                         "spans": spans, "bytes": size,
+                         "engine_s": cost["engine_core"], "encode_s": encode_s,
+                         "metrics_s": metrics_s, "spans": spans, "bytes": size,
                          "steps": timing.request_steps, "by_hook": dict(meter.by_hook)})
-    # Without content capture (the default) ``generate`` is not wrapped at all.
-    pt = 0.0 if "request.generate" in skipped else asyncio.run(_passthrough(tokens, 2000))
     front = asyncio.run(_front_end(tokens, 2000 if evict is None else 500))
-
-    def best(rows, key):
-        """Fastest round: the noise on a shared 2-core machine only ever adds time."""
-        return min(row[key] if isinstance(row, dict) else getattr(row, key) for row in rows)
 
     # All-in per round (hooks, spans, metrics and the encoding of that round's spans together:
     # a round with more span trees costs more in both), then the fastest round.
     fastest = min(ours, key=lambda row: row["api_s"] + row["encode_s"])
-    api, enc, eng = fastest["api_s"] / n, fastest["encode_s"] / n, best(ours, "engine_s")
-    plain_api, plain_eng = best(plain, "api_s") / n, best(plain, "engine_s") / n
-    all_in = api + pt + front + enc
+    api, enc = fastest["api_s"] / n, fastest["encode_s"] / n
+    eng = min(row["engine_s"] for row in ours) / n
+    plain_api = min(t.api_s for t in plain) / n
+    plain_eng = min(t.engine_s for t in plain) / n
+    all_in = api + front + enc
     return {
         "output_tokens": tokens,
         "api_us_per_request_hooks_spans_metrics": api * 1e6,
-        "api_us_per_request_generate_hook": pt * 1e6,
         "api_us_per_request_http_side_hooks": front * 1e6,
-        "api_us_per_request_span_handoff": enc * 1e6,
-        "export_process_us_per_request_otlp_span_encoding": fastest["otlp_encode_s"] / n * 1e6,
-        "api_us_per_metrics_export_encoding": best(ours, "metrics_s") * 1e6,
+        "api_us_per_request_otlp_span_encoding": enc * 1e6,
+        "api_us_per_metrics_export_encoding": min(row["metrics_s"] for row in ours) * 1e6,
         "api_us_per_request_all_in": all_in * 1e6,
         "api_us_per_request_plain_vllm": plain_api * 1e6,
         "api_ratio_all_in": (plain_api + all_in) / plain_api,
         "spans_per_request": fastest["spans"] / n,
-        "spans_per_request_all_rounds": sum(row["spans"] for row in ours) / (n * len(ours)),
-        # every round's all-in (hooks, spans, metrics, encoding), us per request, and its spans:
-        # the fastest round may be one without a span tree (the policy's trees are ~1-2 %)
+        # every round's all-in, us per request: the fastest round may be one without a span
+        # tree (untraced, the policy's trees are a few per cent)
         "api_us_per_request_all_in_by_round": [
-            round((row["api_s"] + row["encode_s"]) / n * 1e6 + (pt + front) * 1e6, 1)
-            for row in ours],
-        "spans_per_request_by_round": [row["spans"] / n for row in ours],
-        "api_us_per_request_plain_vllm_by_round": [round(row.api_s / n * 1e6, 1) for row in plain],
+            round((row["api_s"] + row["encode_s"]) / n * 1e6 + front * 1e6, 1) for row in ours],
         "otlp_bytes_per_request": fastest["bytes"] / n,
-        "engine_us_per_request": eng / n * 1e6,
-        "engine_us_per_scheduled_request_step": eng / ours[-1]["steps"] * 1e6,
+        "engine_us_per_request": eng * 1e6,
+        "engine_us_per_scheduled_request_step": eng * n / ours[-1]["steps"] * 1e6,
         "engine_us_per_request_plain_vllm": plain_eng * 1e6,
-        "engine_ratio": (plain_eng + eng / n) / plain_eng,
+        "engine_ratio": (plain_eng + eng) / plain_eng,
         # each hook's own time in the fastest round (guards not included), us per request
         "us_per_request_by_hook": {name: round(s / n * 1e6, 2) for name, s in
                                    sorted(fastest["by_hook"].items(), key=lambda kv: -kv[1])},
         "guard_us_per_call": {kind: round(v * 1e6, 3) for kind, v in guard_s.items()},
+        "timer_us_per_call": round(timer_s * 1e6, 3),
         # API and EngineCore sides together (one process here), over all rounds
         "young_objects_per_request_plain_vllm": round(young["plain"] / (n * rounds), 2),
         "young_objects_per_request_added": round((young["full"] - young["plain"])
@@ -572,11 +440,15 @@ def main() -> None:
                          "halves, as a busy server's other work does; warm: back to back")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
+    try:
+        lengths = [int(t) for t in args.tokens.split(",") if t]
+    except ValueError:
+        raise SystemExit(f"--tokens {args.tokens!r}: output lengths, e.g. 16,256") from None
+    if not lengths or min(lengths) < 1 or args.requests < 1 or args.rounds < 1:
+        raise SystemExit("--tokens, --requests and --rounds: at least 1")
     global TRACED, IN_FLIGHT, evict
     TRACED, IN_FLIGHT = args.traced, args.in_flight
     evict = _Evictor() if args.caches == "cold" else None
-    # No event loop here: finished requests wait in ``settling`` for the batch at the run's end.
-    request_settle._settle_later = lambda delay: None
 
     provider = install_providers()
     fresh = build(str(ensure_tiny_model()), args.requests)
@@ -585,10 +457,10 @@ def main() -> None:
     hooks.apply()
     run_batch(fresh, args.requests, 16, seed=1)
     hooks.remove()
-    lengths = [int(t) for t in args.tokens.split(",")]
     results = [measure(fresh, provider, args.requests, t, args.rounds) for t in lengths]
     figures: dict = {"requests": args.requests, "rounds": args.rounds, "caches": args.caches,
-                     "in_flight": args.in_flight or args.requests, "by_length": results}
+                     "traced": args.traced, "in_flight": args.in_flight or args.requests,
+                     "by_length": results}
     if len(results) >= 2:  # all-in = per request + per output x output tokens
         a, b = results[0], results[-1]
         per_out = ((b["api_us_per_request_all_in"] - a["api_us_per_request_all_in"])
@@ -596,10 +468,12 @@ def main() -> None:
         figures["api_us_per_streamed_output"] = per_out
         figures["api_us_per_request_fixed"] = (a["api_us_per_request_all_in"]
                                                - per_out * a["output_tokens"])
-    print(json.dumps(figures, indent=2))
+    text = json.dumps(figures, indent=2)
+    print(text)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(figures, f, indent=2)
+        tmp = Path(f"{args.json}.tmp")
+        tmp.write_text(text)
+        tmp.replace(args.json)
 
 
 if __name__ == "__main__":

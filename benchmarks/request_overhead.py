@@ -21,7 +21,7 @@ every span's encoding and sending is counted.
 
 **Placement** (``--pin API:REST``, default ``0:1`` on a machine of two or more CPUs): each API
 server alone on the first CPU list, as on a GPU host where it has a core of its own; EngineCore,
-the worker (``VLLM_CPU_OMP_THREADS_BIND``), the export process and this client on the other.
+the worker (``VLLM_CPU_OMP_THREADS_BIND``) and this client on the other.
 Left to the kernel, the API server moves between sharing a core with EngineCore's busy loop and
 having one to itself, and the same server's API CPU per request then swings between about 3.5
 and 5.7 ms from one run to the next (c4 here): more than any effect this benchmark looks for.
@@ -60,12 +60,21 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from bench_load import parse_load, parse_pin, run, workload
+from bench_servers import (
+    OFF,
+    base_arm,
+    make_servers,
+    place,
+    probe_counts,
+    start_all,
+    stop_all,
+    switch,
+)
 from overhead_figures import cell_figures
 from server_counters import (
     counter_delta,
@@ -76,7 +85,6 @@ from server_counters import (
     processes,
     py_spy,
     thread_cpu,
-    thread_names,
 )
 from spy_summary import summarise
 
@@ -84,42 +92,6 @@ from otel_ttft.tools.replay.server import VllmServer
 from otel_ttft.tools.sink.receiver import OTLPReceiver
 from otel_ttft.tools.sink.store import SpanStore
 from otel_ttft.tools.tiny_model import ensure_tiny_model
-
-EXPORT_ENV = {
-    "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-    "OTEL_TRACES_EXPORTER": "otlp",
-    "OTEL_METRICS_EXPORTER": "otlp",
-    "OTEL_LOGS_EXPORTER": "none",
-    "OTEL_SERVICE_NAME": "vllm-bench",
-}  # the SDK's batching defaults: what a user gets
-ARMS = ("plain", "sdk", "ours")
-ARM_ENV = {
-    "plain": {"VLLM_PLUGINS": "none"},
-    # opentelemetry-instrument with the SDK and exporters, our instrumentor and plugin off
-    "sdk": {**EXPORT_ENV, "VLLM_PLUGINS": "none",
-            "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "vllm_ttft"},
-    "ours": EXPORT_ENV,
-}
-
-
-def place(server: VllmServer, placement: tuple[set[int], set[int]]) -> None:
-    """The API server alone on its CPUs, as on a GPU host where it has a core of its own; the rest
-    of the server (EngineCore, worker, export process) beside the client. Without it the kernel
-    moves the API server between sharing a core with EngineCore's busy loop and having one to
-    itself, and the same run's API CPU per request then differs by 30-80 %."""
-    for role, pids in processes(server).items():
-        pin(pids, placement[0] if role == "api" else placement[1])
-
-
-def probe_counts(server: VllmServer, path: Path) -> dict | None:
-    """The API server's garbage-collection counts so far (``api_probe.py``), if it runs one."""
-    path.unlink(missing_ok=True)
-    os.kill(server.pid, signal.SIGUSR2)
-    for _ in range(50):
-        if path.exists():
-            return json.loads(path.read_text())
-        time.sleep(0.02)
-    return None
 
 
 def measured_run(server: VllmServer, model: str, prompts: list[list[int]], max_tokens: int,
@@ -195,98 +167,6 @@ def profile(server: VllmServer, roles: dict[str, list[int]], model: str,
     return summaries
 
 
-OFF = "off"  # the ours server's own process with our hooks switched off
-WARM_EXPORT_S = 6.0  # the SDK's span batch interval (5 s) and a margin
-
-
-def base_arm(arm: str) -> str:
-    """``plain2``, ``ours3``: a control copy of ``plain``, ``ours`` (same environment, a server
-    of its own), so a run shows what two identical servers differ by."""
-    if arm == OFF:
-        return "ours"
-    base = arm.rstrip("0123456789")
-    if base not in ARMS:
-        raise SystemExit(f"--arms: unknown arm {arm!r} (plain, sdk, ours, or one of them with a "
-                         "number: a control copy)")
-    return base
-
-
-def make_servers(arms: list[str], model_dir: Path, work: Path, endpoint: str, extra: dict,
-                 placement: tuple[set[int], set[int]] | None, probe: bool, meter: bool = False
-                 ) -> dict[str, VllmServer]:
-    """One server per arm, not started; ``off`` is the ``ours`` server with its hooks switched
-    off (``api_probe.py``)."""
-    probed = [sys.executable, str(Path(__file__).with_name("api_probe.py"))]
-    servers: dict[str, VllmServer] = {}
-    for arm in arms:
-        if arm == OFF:
-            continue
-        base = base_arm(arm)
-        launcher = probed if probe or (base == "ours" and OFF in arms) else [sys.executable]
-        env = {**ARM_ENV[base], **(extra if base == "ours" else {}),
-               "BENCH_PROBE_FILE": str(work / f"{arm}.gc.json")}
-        if meter and arm == "ours":
-            env["BENCH_PROBE_METER"] = "1"
-        if placement:  # vLLM-CPU binds its worker's OpenMP threads itself
-            env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(placement[1])))
-        if base != "plain":
-            env["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
-        server = VllmServer(model_dir, instrument=base != "plain", env=env,
-                            log_path=work / f"{arm}.log")
-        if launcher is probed or base != "plain":
-            prefix = ([str(Path(sys.executable).parent / "opentelemetry-instrument")]
-                      if base != "plain" else [])
-            command = server.command()
-            module_at = command.index("-m")
-            server.argv = [*prefix, *launcher, *command[module_at:]]
-        servers[arm] = server
-    if OFF in arms:
-        servers[OFF] = servers["ours"]
-    return servers
-
-
-def switch_hooks(server: VllmServer, path: Path, want: str) -> None:
-    """Our hooks in that API server on or off (``api_probe.py``'s ``SIGUSR1``), confirmed."""
-    for _ in range(2):
-        path.unlink(missing_ok=True)
-        os.kill(server.pid, signal.SIGUSR1)
-        for _ in range(250):
-            if path.exists():
-                break
-            time.sleep(0.02)
-        else:
-            raise SystemExit(f"--arms {OFF}: the ours server did not answer SIGUSR1")
-        if json.loads(path.read_text())["hooks"] == want:
-            return
-    raise SystemExit(f"--arms {OFF}: could not switch the hooks {want}")
-
-
-def start_all(servers: dict[str, VllmServer], model: str, prompts: list[list[int]],
-              max_tokens: int, placement: tuple[set[int], set[int]] | None) -> dict:
-    """Starts every server (one after the other: two vLLM start-ups at once on a small machine
-    each take longer than both in turn), places it, runs a discarded warm-up, pauses it;
-    returns each arm's thread names."""
-    for server in dict.fromkeys(servers.values()):
-        server.start()
-        if placement:
-            place(server, placement)
-        # Warm-up, discarded: untraced and traced requests, then one span export interval, so
-        # that one-time work (the export process's start at the first export, caches filled by
-        # the first request of each kind) lands in no measured run.
-        run(server, model, prompts[:32], max_tokens, "c4", False)
-        run(server, model, prompts[:32], max_tokens, "c4", True)
-        time.sleep(WARM_EXPORT_S)
-        pause(server, True)
-    return {arm: thread_names(s.pid) for arm, s in servers.items()}
-
-
-def stop_all(servers: dict[str, VllmServer]) -> None:
-    for server in dict.fromkeys(servers.values()):
-        if server.pid is not None:
-            pause(server, False)
-        server.stop()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=12, help="rounds; arm order rotates")
@@ -314,7 +194,7 @@ def main() -> None:
                     help="KEY=VALUE for the ours server (repeatable)")
     ap.add_argument("--pin", default="0:1" if (os.cpu_count() or 1) >= 2 else "",
                     help="API:REST CPU lists (e.g. 0:1): each API server alone on API, its "
-                         "EngineCore, worker and export process and this client on REST; '' "
+                         "EngineCore, worker and this client on REST; '' "
                          "leaves placement to the kernel")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
@@ -357,8 +237,8 @@ def main() -> None:
                 if args.meter:  # the metered hooks replace the instrumentor's, warmed up
                     ours = servers["ours"]
                     pause(ours, False)
-                    switch_hooks(ours, work / "ours.gc.json.switch", "off")
-                    switch_hooks(ours, work / "ours.gc.json.switch", "on")
+                    switch(ours, work / "ours.gc.json", hooks="off")
+                    switch(ours, work / "ours.gc.json", hooks="on")
                     run(ours, model, prompts[:32], args.max_tokens, "c4", False)
                     run(ours, model, prompts[:32], args.max_tokens, "c4", True)
                     pause(ours, True)
@@ -366,10 +246,10 @@ def main() -> None:
                 for arm in orders[r % len(orders)]:
                     server = servers[arm]
                     pause(server, False)
-                    if placement:  # the export process starts at the first export
+                    if placement:  # again: whatever started since is placed too
                         place(server, placement)
                     if arm == OFF:
-                        switch_hooks(server, work / "ours.gc.json.switch", "off")
+                        switch(server, work / "ours.gc.json", hooks="off")
                     try:
                         res = measured_run(server, model, prompts, args.max_tokens,
                                            cell[0], cell[1] == "traced", args.settle_s,
@@ -378,7 +258,7 @@ def main() -> None:
                                            else None)
                     finally:
                         if arm == OFF:
-                            switch_hooks(server, work / "ours.gc.json.switch", "on")
+                            switch(server, work / "ours.gc.json", hooks="on")
                         pause(server, True)
                     res["arm"] = arm
                     res["threads"] = names[arm]
@@ -389,7 +269,7 @@ def main() -> None:
                     unit = "req" if res["requests"] else "s  "
                     print(f"round {r} {cell[0]:4s} {cell[1]:8s} {arm:6s} API {cpu['api']:6.2f} "
                           f"ms/{unit}  EngineCore {cpu['engine']:6.2f}  worker "
-                          f"{cpu['worker']:6.2f}  exporter {cpu['exporter']:5.2f}  "
+                          f"{cpu['worker']:6.2f}  "
                           f"{res['requests'] / res['wall_s']:6.1f} req/s"
                           f"  load {load_avg[-1]:.2f}"
                           + (f"  own {res['own_us']['api_server']:5.1f} us/req"

@@ -29,31 +29,31 @@ def pause(server: VllmServer, paused: bool) -> None:
 
 
 def processes(server: VllmServer) -> dict[str, list[int]]:
-    """The server's processes by role: ``api`` (the leader), ``engine`` (EngineCore),
-    ``worker``, ``exporter`` (the API server's span export process, started at its first
-    export), ``other`` (e.g. multiprocessing's resource tracker)."""
+    """The server's processes by role: ``api`` (the leader), ``engine`` (EngineCore: its
+    process title, else the process ``multiprocessing`` spawned from the API server),
+    ``worker`` (its title, else one spawned from EngineCore), ``other`` (e.g.
+    multiprocessing's resource tracker). Without ``setproctitle`` every one is ``python``."""
     pgid = os.getpgid(server.pid)
-    roles: dict[str, list[int]] = {"api": [], "engine": [], "worker": [], "exporter": [],
-                                   "other": []}
+    found: dict[int, tuple[str, int, bool]] = {}  # pid -> (comm, parent, spawned)
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1: stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[2]) != pgid:  # field 5: process group
-            continue
-        pid = int(entry)
-        try:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
         except OSError:
-            cmdline = b""
-        role = ("api" if pid == server.pid else "engine" if "Engine" in comm
-                else "worker" if "Worker" in comm
-                else "exporter" if b"offload_sidecar" in cmdline else "other")
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[2]) == pgid:  # field 5: process group
+            found[int(entry)] = (stat[stat.index("(") + 1: stat.rindex(")")], int(fields[1]),
+                                 b"spawn_main" in cmdline)
+    roles: dict[str, list[int]] = {"api": [], "engine": [], "worker": [], "other": []}
+    engines = {pid for pid, (comm, parent, spawned) in found.items()
+               if "Engine" in comm or (spawned and parent == server.pid and "Worker" not in comm)}
+    for pid, (comm, parent, spawned) in found.items():
+        role = ("api" if pid == server.pid else "engine" if pid in engines
+                else "worker" if "Worker" in comm or (spawned and parent in engines)
+                else "other")
         roles[role].append(pid)
     return roles
 

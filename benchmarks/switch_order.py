@@ -17,7 +17,8 @@ import tempfile
 from pathlib import Path
 
 from bench_load import parse_load, parse_pin, workload
-from request_overhead import make_servers, measured_run, start_all, stop_all, switch_hooks
+from bench_servers import make_servers, start_all, stop_all, switch
+from request_overhead import measured_run
 from server_counters import pause, pin
 
 from otel_ttft.tools.sink.receiver import OTLPReceiver
@@ -50,7 +51,9 @@ def main() -> None:
         pause(server, False)
         for r in range(args.rounds):
             for state in (("off", "on") if r % 2 == 0 else ("on", "off")):
-                switch_hooks(server, work / "ours.gc.json.switch", state)  # a re-apply if on
+                if state == "on":  # from off, even after a round that ended on: a re-apply
+                    switch(server, work / "ours.gc.json", hooks="off")
+                switch(server, work / "ours.gc.json", hooks=state)
                 for label in ("A", "B"):
                     res = measured_run(server, str(model_dir), prompts, 16, args.load,
                                        args.traced, 1.5, None)
