@@ -144,7 +144,6 @@ def _activation(verdict, ledger, spans, vllm_config, compile_s: float):
     from otel_ttft.runtime import clock
 
     verdict.reset()
-    ledger.attach()
     verdict.note_config(vllm_config)
     assert verdict.wait_for_history(60)
     end = clock.now_ns()
@@ -190,7 +189,8 @@ def test_the_runtime_judges_each_start_against_the_last(telemetry, vllm_config, 
     from otel_ttft.runtime.hooks import activation_verdict as verdict
     from otel_ttft.runtime.telemetry import spans
 
-    exporter, reader, _ = telemetry()
+    exporter, reader, provider = telemetry()
+    provider.add_span_processor(ledger.install())  # as our configurator adds it
     path = tmp_path / "history.json"
     monkeypatch.setenv("OTEL_TTFT_VERDICT_HISTORY", str(path))
     monkeypatch.setattr(ledger.state_files, "state_dir", lambda: tmp_path)
@@ -268,4 +268,4 @@ def test_switched_off_it_reads_and_writes_nothing(telemetry, vllm_config, tmp_pa
     root.end()
     assert not any(k.startswith("ttft.verdict.") for k in root.attributes)
     assert not (tmp_path / "h.json").exists()
-    del ledger
+    assert ledger.install() is None  # our configurator adds no ledger either
