@@ -130,10 +130,18 @@ def test_cold_requests_count_their_warm_up_as_warm_up():
 # --- the runtime, on a real vLLM config and real SDK spans -------------------------------------
 @pytest.fixture(scope="module")
 def vllm_config(tiny_model):
+    """A real ``VllmConfig``. Making one loads vLLM's general plugins, ours among them, which
+    instruments this process: undone, so the tests after these find it as it was."""
     from vllm.engine.arg_utils import EngineArgs
 
-    return EngineArgs(model=str(tiny_model), enforce_eager=True, dtype="float32",
+    from otel_ttft.runtime.instrumentor import VllmTTFTInstrumentor
+
+    was = VllmTTFTInstrumentor().is_instrumented_by_opentelemetry
+    made = EngineArgs(model=str(tiny_model), enforce_eager=True, dtype="float32",
                       max_model_len=512, kv_cache_memory_bytes=64 << 20).create_engine_config()
+    if not was and VllmTTFTInstrumentor().is_instrumented_by_opentelemetry:
+        VllmTTFTInstrumentor().uninstrument()
+    return made
 
 
 def _activation(verdict, ledger, spans, vllm_config, compile_s: float):
