@@ -39,7 +39,7 @@ from otel_ttft.diagnosis.thresholds import AlertThresholds
 PIPELINE = semconv.TTFT_PIPELINE
 __all__ = ["EXPANDED", "FIXES", "KEEP_RESIDENT", "MATERIAL_SHARE", "MIN_BASELINE_N",
            "NOISE_FLOOR_S", "NOISE_FLOOR_SHARE", "NOISE_K", "NONE", "PERSIST_ARTIFACTS",
-           "PIPELINE", "SIDE_STAGES",
+           "PIPELINE", "PLACEMENT", "SIDE_STAGES",
            "TUNE_ADMISSION", "TUNE_CONTEXT", "UNDETERMINED", "WARM_UP", "WITHIN_NOISE", "core",
            "fix_for", "median", "noise", "rerun_hint", "seconds_text", "spread", "verdict"]
 
@@ -54,6 +54,7 @@ PERSIST_ARTIFACTS = "persist-artifacts"
 WARM_UP = "warm-up"
 TUNE_ADMISSION = "tune-admission"
 TUNE_CONTEXT = "tune-context"
+PLACEMENT = "placement"
 NONE = "none"
 
 # What a verdict concluded (its ``outcome``): a stage expanded; the scenario is no slower than the
@@ -106,6 +107,9 @@ FIXES: dict[str, tuple[str, str]] = {
                           "larger KV budget (max-num-seqs, KV cache size)"),
     semconv.STAGE_PREFILL: (TUNE_CONTEXT, "change context policy: shorter prompts/history, "
                             "prefix caching, chunked-prefill size"),
+    semconv.STAGE_PREFILL_WAIT: (PLACEMENT, "give the worker CPUs no other process uses (its "
+                                 "CPU binding, or another server or job moved off them); the "
+                                 "prompt is not the problem, so context policy would not help"),
     semconv.STAGE_NETWORK: (NONE, "client, proxy or network side; not the server"),
 }
 
