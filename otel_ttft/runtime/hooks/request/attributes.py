@@ -62,8 +62,9 @@ def step_evidence(steps: list[StepTime] | tuple[()]) -> dict[str, float]:
     """Wall and CPU seconds of these worker steps, and their ratio: contention's evidence."""
     wall = sum(s.wall for s in steps)
     cpu = sum(s.cpu for s in steps)
+    # One thread cannot run longer than the wall: a ratio over 1 is the two clocks' granularity.
     return {semconv.ATTR_STEP_WALL_SECONDS: wall, semconv.ATTR_STEP_CPU_SECONDS: cpu,
-            semconv.ATTR_STEP_CPU_RATIO: cpu / wall if wall > 0 else 1.0}
+            semconv.ATTR_STEP_CPU_RATIO: min(cpu / wall, 1.0) if wall > 0 else 1.0}
 
 
 _CHAT_PREFIXES = ("chatcmpl-", "resp-")  # vLLM's request ids: chat completions, responses
