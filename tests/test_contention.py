@@ -113,3 +113,29 @@ def test_the_verdict_fixes_a_wait_by_placement_not_context_policy():
     assert fix == rule.PLACEMENT
     assert fix != rule.fix_for(None, semconv.STAGE_PREFILL)[0]
     assert "CPU" in change
+
+
+def test_every_platforms_worker_runs_its_steps_through_the_hooked_worker_methods():
+    """The hooks sit on the GPU ``Worker``; a platform worker that overrode either method would
+    run its steps untimed."""
+    import importlib
+
+    from otel_ttft.runtime.hooks import request
+
+    targets = {h.target for h in request.HOOKS if h.stage == semconv.STAGE_PREFILL_WAIT}
+    assert targets == {"vllm.v1.worker.gpu_worker:Worker.execute_model",
+                       "vllm.v1.worker.gpu_worker:Worker.sample_tokens"}
+    from vllm.v1.worker.gpu_worker import Worker
+
+    checked = 0
+    for module, name in (("vllm.v1.worker.cpu_worker", "CPUWorker"),
+                         ("vllm.v1.worker.xpu_worker", "XPUWorker")):
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except ImportError:  # a platform this build cannot import
+            continue
+        assert issubclass(cls, Worker)
+        for method in ("execute_model", "sample_tokens"):
+            assert getattr(cls, method) is getattr(Worker, method), (name, method)
+        checked += 1
+    assert checked >= 1  # the CPU worker, at least, is checked here
