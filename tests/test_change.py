@@ -326,3 +326,16 @@ def test_a_restart_whose_compile_also_grew_offers_the_compile_cache_last(vocab):
         "warmup.process_start", "warmup.process_start", "warmup.compile"]
     rows[0]["substages"]["warmup.compile"] = 5  # 5 % of the increase: not worth a try
     assert _ids(change.propose(v, rows, BASE, _run(), FITTING, vocab)) == ["resident", "sleep"]
+
+
+def test_a_wait_for_a_cpu_is_named_with_the_installed_vllms_cpu_binding_not_tried(vocab):
+    v = _verdict("resident-dual", "prefill", semconv.STAGE_PREFILL_WAIT, "placement")
+    rows = [_row("resident-dual", ttft=1.1, stages={"prefill": 1.05},
+                 subs={semconv.STAGE_PREFILL_WAIT: 1.0})]
+    ch = change.propose(v, rows, BASE, _run(), FITTING, vocab)
+    (c,) = ch["candidates"]
+    assert (c["id"], c["models"], c["args"], c["env"], c["stage"]) == (
+        "cpu-placement", [], [], {}, semconv.STAGE_PREFILL_WAIT)
+    binding = sorted(n for n in vocab.env if n.startswith("VLLM_CPU_") and "BIND" in n)
+    assert binding and all(n in c["reason"] for n in binding)  # vLLM's own names
+    assert "1.000 s" in c["reason"]

@@ -3,6 +3,8 @@ tree built from one request's timestamps through the real OTel SDK (in memory)."
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from otel_ttft import semconv
@@ -110,11 +112,22 @@ def test_engine_payload_round_trip():
     st.schedule = [(SCHEDULED, 123.5), (PREEMPTED, 124.0), (SCHEDULED, 124.5)]
     st.adapter = (123.6, 123.7)
     st.compile = [(123.8, 124.9)]
+    st.steps = [payload.StepTime(124.5, 125.6, wall=1.05, cpu=0.004)]
     got = payload.decode(payload.encode(st))
     assert got == EnginePayload(123.25, waiting=7, running=4, free=3, total=6, attempts=5,
                                 schedule=st.schedule, adapter=(123.6, 123.7),
-                                compile=[(123.8, 124.9)])
+                                compile=[(123.8, 124.9)], steps=st.steps)
     assert got.lora_id == 0  # EngineCore-side only: not shipped
+    bare = payload.decode(payload.encode(EnginePayload(1.0, 0, 0, 1, 2)))
+    assert (bare.schedule, bare.compile, bare.steps) == ((), (), ())
+
+
+@pytest.mark.parametrize("step", [[1.0, 2.0, 1.0, -0.5], [1.0, 2.0, float("nan"), 0.0],
+                                  [1.0, 2.0, 1.0], "x"])
+def test_engine_payload_refuses_a_step_it_cannot_read(step):
+    value = json.loads(payload.encode(EnginePayload(1.0, 0, 0, 1, 2)).replace("NaN", "0"))
+    value[-1] = [step]
+    assert payload.decode(json.dumps(value).replace("nan", "NaN")) is None
 
 
 def test_a_request_reads_its_events_as_they_come_and_vllms_stats_at_its_end():

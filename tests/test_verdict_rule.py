@@ -192,3 +192,53 @@ def test_the_middle_half_leaves_out_one_odd_request_like_the_median():
         1, 2, 1, 2, 3, 4, 6]
     rows = warm([0.010, 0.011]) + [record(substages={"warmup.compile": 2.4})]
     assert all(r["client_ttft_s"] < 1 for r in rule.core(rows))
+
+
+# --- tails: what the median leaves out ------------------------------------------------------
+def _with_tail(substages: list[dict[str, float]], extra: list[dict[str, float]] | None = None,
+               n: int = 10) -> list[dict]:
+    """``n`` requests to one model in arrival order; the first ones slow by ``substages`` (or
+    by ``extra`` seconds per stage that no sub-stage measured)."""
+    rows = []
+    for i in range(n):
+        subs = substages[i] if i < len(substages) else None
+        more = extra[i] if extra and i < len(extra) else None
+        rows.append({**record(more, base=0.012 + 0.0005 * (i % 3), substages=subs),
+                     "activation_index": i + 1, "model": "tiny-qwen2-v2"})
+    return rows
+
+
+def test_a_median_within_noise_still_names_its_first_slow_requests_and_their_substage():
+    base = warm([0.011, 0.012, 0.012, 0.013, 0.012])
+    rows = _with_tail([{"warmup.compile": 0.99}, {"warmup.compile": 0.57}])
+    v = rule.verdict("resident-dual", "short-prompt", rows, base)
+    assert v["outcome"] == "within-noise"
+    tail = v["tail"]
+    assert (tail["requests"], tail["of"], tail["first"], tail["substage"],
+            tail["recommendation"]) == (2, 10, True, "warmup.compile", rule.PERSIST_ARTIFACTS)
+    assert "the first 2 of 10 requests to tiny-qwen2-v2 spent 990 ms and 570 ms in " \
+           "warmup.compile" in v["summary"]
+
+
+def test_a_tail_that_waited_for_a_cpu_is_fixed_by_placement():
+    base = warm([0.011, 0.012, 0.012, 0.013, 0.012])
+    rows = _with_tail([{}, {}, {semconv.STAGE_PREFILL_WAIT: 1.2}])  # the third: not the first
+    v = rule.verdict("resident-dual", "short-prompt", rows, base)
+    assert (v["tail"]["substage"], v["tail"]["recommendation"], v["tail"]["first"]) == (
+        semconv.STAGE_PREFILL_WAIT, rule.PLACEMENT, False)
+    assert "the slowest 1 of 10 requests to tiny-qwen2-v2 spent 1.20 s in prefill.wait" \
+           in v["summary"]
+
+
+def test_a_tail_nothing_measured_explains_stays_nothing_to_change():
+    base = warm([0.011, 0.012, 0.012, 0.013, 0.012])
+    rows = _with_tail([], extra=[{"prefill": 0.9}, {"prefill": 0.5}])
+    v = rule.verdict("resident-dual", "short-prompt", rows, base)
+    assert (v["tail"]["substage"], v["tail"]["recommendation"]) == (None, "none")
+    assert "no measured stage explains it: nothing to change" in v["summary"]
+
+
+def test_no_tail_no_tail_line():
+    base = warm([0.011, 0.012, 0.012, 0.013, 0.012])
+    v = rule.verdict("warm", "short-prompt", _with_tail([]), base)
+    assert v["outcome"] == "within-noise" and "tail" not in v

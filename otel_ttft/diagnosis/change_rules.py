@@ -4,6 +4,7 @@ the values computed from it (see ``change``'s docstring for what a candidate hol
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -14,6 +15,7 @@ from otel_ttft.diagnosis.rule import (
     KEEP_RESIDENT,
     MATERIAL_SHARE,
     PERSIST_ARTIFACTS,
+    PLACEMENT,
     TUNE_ADMISSION,
     TUNE_CONTEXT,
 )
@@ -378,5 +380,22 @@ def _tune_context(b: Builder) -> None:
           models=[])
 
 
+# The installed vLLM's own variables that say which CPUs a worker runs on ("its CPU binding").
+_CPU_BINDING = re.compile(r"^VLLM_CPU_.*(BIND|RESERVED)")
+
+
+def _placement(b: Builder) -> None:
+    """The worker waited for a CPU inside its prefill steps: move it, or what it shares the CPUs
+    with, apart. Named, not tried: which CPUs are free is the host's, not the trace's."""
+    ev = b.ev
+    wait = ev.p50(semconv.STAGE_PREFILL_WAIT)
+    names = sorted(n for n in (ev.vocab.env if ev.vocab else ()) if _CPU_BINDING.match(n))
+    where = (" (" + ", ".join(names) + ")") if names else ""
+    b.add("cpu-placement", f"the worker waited {wait:.3f} s for a CPU inside its prefill steps "
+          f"(its thread ran for less than the step's wall time): give each server CPUs of its "
+          f"own{where}, or move what else runs there", models=[],
+          stage=semconv.STAGE_PREFILL_WAIT)
+
+
 RULES = {PERSIST_ARTIFACTS: _persist, KEEP_RESIDENT: _keep_resident,
-         TUNE_ADMISSION: _tune_admission, TUNE_CONTEXT: _tune_context}
+         TUNE_ADMISSION: _tune_admission, TUNE_CONTEXT: _tune_context, PLACEMENT: _placement}

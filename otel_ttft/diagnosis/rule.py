@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from otel_ttft import semconv
 from otel_ttft.diagnosis import evidence as ev
@@ -39,9 +39,10 @@ from otel_ttft.diagnosis.thresholds import AlertThresholds
 PIPELINE = semconv.TTFT_PIPELINE
 __all__ = ["EXPANDED", "FIXES", "KEEP_RESIDENT", "MATERIAL_SHARE", "MIN_BASELINE_N",
            "NOISE_FLOOR_S", "NOISE_FLOOR_SHARE", "NOISE_K", "NONE", "PERSIST_ARTIFACTS",
-           "PIPELINE", "SIDE_STAGES",
+           "PIPELINE", "PLACEMENT", "SIDE_STAGES",
+           "TAIL_EXPLAINED_SHARE", "TAIL_FACTOR",
            "TUNE_ADMISSION", "TUNE_CONTEXT", "UNDETERMINED", "WARM_UP", "WITHIN_NOISE", "core",
-           "fix_for", "median", "noise", "rerun_hint", "seconds_text", "spread", "verdict"]
+           "fix_for", "tails", "median", "noise", "rerun_hint", "seconds_text", "spread", "verdict"]
 
 MATERIAL_SHARE = 0.10  # of the scenario's TTFT increase
 NOISE_FLOOR_S = 0.002  # below this no two runs on one machine are told apart
@@ -54,6 +55,7 @@ PERSIST_ARTIFACTS = "persist-artifacts"
 WARM_UP = "warm-up"
 TUNE_ADMISSION = "tune-admission"
 TUNE_CONTEXT = "tune-context"
+PLACEMENT = "placement"
 NONE = "none"
 
 # What a verdict concluded (its ``outcome``): a stage expanded; the scenario is no slower than the
@@ -106,6 +108,9 @@ FIXES: dict[str, tuple[str, str]] = {
                           "larger KV budget (max-num-seqs, KV cache size)"),
     semconv.STAGE_PREFILL: (TUNE_CONTEXT, "change context policy: shorter prompts/history, "
                             "prefix caching, chunked-prefill size"),
+    semconv.STAGE_PREFILL_WAIT: (PLACEMENT, "give the worker CPUs no other process uses (its "
+                                 "CPU binding, or another server or job moved off them); the "
+                                 "prompt is not the problem, so context policy would not help"),
     semconv.STAGE_NETWORK: (NONE, "client, proxy or network side; not the server"),
 }
 
@@ -212,6 +217,10 @@ def verdict(scenario: str, baseline: str, rows: list[dict], base_rows: list[dict
             f"noise {_s(ttft_noise)}); nothing to change"
             + ("; moved within the noise: " + ", ".join(
                 f"{s} +{_s(deltas[s][0])}" for s in moved) if moved else "")))
+        tail = tails(rows, base_rows, ttft_noise)
+        if tail is not None:
+            out["tail"] = tail
+            out["summary"] += "; " + tail["summary"]
         return out
     chain = _chain(deltas, mid_increase, mid, base_mid, least=min(increase, mid_increase))
     chosen, skipped = _walk(deltas, mid_increase, evidence, largest=not thin)
@@ -248,6 +257,62 @@ def verdict(scenario: str, baseline: str, rows: list[dict], base_rows: list[dict
                       + (f" (most in {substage})" if substage and substage != chosen else "")
                       + f" -> {fix}: {advice}" + _chain_text(chain))
     return out
+
+
+TAIL_FACTOR = 5.0  # a request this many times the baseline's median TTFT is in the tail
+TAIL_EXPLAINED_SHARE = 0.5  # a sub-stage explains a tail request when it holds this much of
+# its excess over the baseline's median
+
+
+def tails(rows: list[dict], base_rows: list[dict], ttft_noise: float) -> dict | None:
+    """The requests a median leaves out: those ``TAIL_FACTOR`` times the baseline's median TTFT
+    (and beyond the noise), with the sub-stage that holds most of their excess where one
+    sub-stage holds at least ``TAIL_EXPLAINED_SHARE`` of it for each of them (then its fix), else
+    said as unexplained by anything measured."""
+    base_p50 = median([r["client_ttft_s"] for r in base_rows])
+    bar = base_p50 + max(ttft_noise, (TAIL_FACTOR - 1.0) * base_p50)
+    slow = [r for r in rows if r["client_ttft_s"] > bar]
+    if not slow or len(slow) * 2 > len(rows):  # half or more slow: that is the median's matter
+        return None
+    ordered = sorted(rows, key=lambda r: r.get("activation_index") or 0)
+    first = all("activation_index" in r for r in rows) and ordered[:len(slow)] == sorted(
+        slow, key=lambda r: r["activation_index"])
+    slow = ordered[:len(slow)] if first else sorted(slow, key=lambda r: -r["client_ttft_s"])
+    base_sub = {k: _mean([r["substages"].get(k, 0.0) for r in base_rows])
+                for r in (*rows, *base_rows) for k in r["substages"]}
+
+    def cause(r: dict) -> str | None:
+        excess = r["client_ttft_s"] - base_p50
+        own = {k: v - base_sub.get(k, 0.0) for k, v in r["substages"].items()
+               if semconv.stage_family(k) != k}  # a sub-stage, not a family's remainder
+        key = max(sorted(own), key=lambda k: own[k], default=None)
+        return key if key is not None and own[key] >= TAIL_EXPLAINED_SHARE * excess else None
+
+    causes = {cause(r) for r in slow}
+    model = next((r.get("model") for r in slow if r.get("model")), None)
+    who = (f"the {'first' if first else 'slowest'} {len(slow)} of {len(rows)} requests"
+           + (f" to {model}" if model else ""))
+    out = {"requests": len(slow), "of": len(rows), "first": first,
+           "client_ttft_s": [round(r["client_ttft_s"], 6) for r in slow], "substage": None,
+           "recommendation": NONE}
+    if len(causes) != 1 or None in causes:
+        out["summary"] = (f"{who} took {_list(r['client_ttft_s'] for r in slow)}, "
+                          f"{TAIL_FACTOR:g}x or more the baseline's {_s(base_p50)}; no measured "
+                          f"stage explains it: nothing to change")
+        return out
+    (sub,) = causes
+    fix, advice = fix_for(sub, semconv.stage_family(sub))
+    out.update(substage=sub, recommendation=fix,
+               substage_s=[round(r["substages"][sub], 6) for r in slow],
+               summary=(f"{who} spent {_list(r['substages'][sub] for r in slow)} in {sub} "
+                        f"(TTFT {_list(r['client_ttft_s'] for r in slow)} against "
+                        f"{_s(base_p50)}) -> {fix}: {advice}"))
+    return out
+
+
+def _list(seconds: Iterable[float]) -> str:
+    values = [_s(v) for v in seconds]
+    return ", ".join(values[:-1]) + " and " + values[-1] if len(values) > 1 else values[0]
 
 
 def _walk(deltas: dict[str, tuple[float, float]], increase: float, evidence: dict, *,

@@ -27,3 +27,17 @@ class AlertThresholds:
 
 
 ALERT_THRESHOLDS = AlertThresholds()
+
+
+#: a prefill step's wait for a CPU is named (``prefill.wait``) only when it is at least this long
+#: ... (below it, clock and scheduler jitter: a tiny model's step waits 0.1-1 ms anyway)
+STEP_WAIT_MIN_SECONDS = 0.005
+#: ... and the worker thread ran for at most this share of the step's wall time (a healthy CPU
+#: step runs 0.9-1.0 of it; another process taking half the core leaves 0.5)
+STEP_WAIT_MAX_CPU_RATIO = 0.8
+
+
+def step_waited(wall_s: float, cpu_s: float) -> bool:
+    """Whether a step whose worker thread got ``cpu_s`` of ``wall_s`` waited for a CPU."""
+    return (wall_s - cpu_s >= STEP_WAIT_MIN_SECONDS
+            and cpu_s <= STEP_WAIT_MAX_CPU_RATIO * wall_s)

@@ -64,6 +64,18 @@ ATTR_REQUEST_COMPILE_SECONDS = "ttft.request.compile.seconds"  # torch.compile i
 #: one child span per front-end cache filled inside a cold request (warmup.first_use)
 SPAN_FIRST_USE = "Front-end first use"
 ATTR_FIRST_USE_CACHE = "ttft.first_use.cache"  # which cache: logits-processor plugins, ...
+#: one child span of Prefill per step that ran this request's prefill while its worker waited for
+#: a CPU (prefill.wait); its length is the step's wall time minus the worker thread's CPU time
+#: (where within the step the waiting fell is not measured: the span ends with the step)
+SPAN_PREFILL_WAIT = "Prefill wait"
+#: s, on Prefill wait and the request: wall time of the worker's steps that ran this prefill
+ATTR_STEP_WALL_SECONDS = "ttft.step.wall.seconds"
+#: s, on Prefill wait and the request: CPU time the worker thread got within those steps
+ATTR_STEP_CPU_SECONDS = "ttft.step.cpu.seconds"
+#: 0..1, on Prefill wait and the request: CPU seconds over wall seconds of those steps
+ATTR_STEP_CPU_RATIO = "ttft.step.cpu_ratio"
+#: s, on the request: time its prefill steps waited for a CPU (named as prefill.wait)
+ATTR_REQUEST_WAIT_SECONDS = "ttft.request.wait.seconds"
 ATTR_REQUEST_FIRST_USE_SECONDS = "ttft.request.first_use.seconds"  # s of fills inside this TTFT
 ATTR_LINK_KIND = "ttft.link.kind"  # on span links: what the link points at
 #: ttft.link.kind of the link to the activation a request may have paid for

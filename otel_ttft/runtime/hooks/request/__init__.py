@@ -18,7 +18,8 @@ API process (``api``, ``ends``, ``flush``; front-end cache fills: ``hooks.first_
 EngineCore (``engine``; counts, never builds spans): queue depth and KV blocks at arrival,
 admission attempts, schedule times when vLLM records no events, and the ``payload`` shipped with
 each request's first output. Worker (``worker``): warm-up paid inside a step (an adapter load, a
-compile), handed to EngineCore with the step's output.
+compile) and the wall and CPU time of each step that ran a prefill on a CPU worker, handed to
+EngineCore with the step's output.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from otel_ttft.runtime.hooks.request.flush import wrap_stream_response
 API_SERVER, ENGINE_CORE, WORKER = semconv.PROCESS_KINDS
 _OP = "vllm.v1.engine.output_processor:OutputProcessor"
 _SCHED = "vllm.v1.core.sched.scheduler:Scheduler"
+# every platform's worker (CPUWorker, XPUWorker) inherits these two from the GPU Worker
+_WORKER = "vllm.v1.worker.gpu_worker:Worker"
 HOOKS: list[Hook] = [
     Hook("request.flush", "starlette.responses:StreamingResponse.stream_response",
          wrap_stream_response, stage=semconv.STAGE_FRONTEND, process=API_SERVER,
@@ -63,6 +66,10 @@ HOOKS: list[Hook] = [
          engine.wrap_finish_requests, process=ENGINE_CORE),
     Hook("request.adapter_load", "vllm.lora.worker_manager:WorkerLoRAManager._load_adapter",
          worker.wrap_load_adapter, stage=semconv.STAGE_WARMUP_ADAPTER, process=WORKER),
+    Hook("request.step_execute", f"{_WORKER}.execute_model", worker.wrap_execute_model,
+         stage=semconv.STAGE_PREFILL_WAIT, process=WORKER),
+    Hook("request.step_sample", f"{_WORKER}.sample_tokens", worker.wrap_sample_tokens,
+         stage=semconv.STAGE_PREFILL_WAIT, process=WORKER),
     Hook("request.warmup_ship", "vllm.v1.executor.multiproc_executor:WorkerProc.enqueue_output",
          worker.wrap_enqueue_output, stage=semconv.STAGE_WARMUP_ADAPTER, process=WORKER),
 ]

@@ -8,9 +8,10 @@ import json
 from typing import Any
 
 from otel_ttft import semconv
+from otel_ttft.diagnosis import thresholds
 from otel_ttft.runtime import clock, config
 from otel_ttft.runtime.hooks import first_use
-from otel_ttft.runtime.hooks.request.payload import EnginePayload
+from otel_ttft.runtime.hooks.request.payload import EnginePayload, StepTime
 from otel_ttft.runtime.hooks.request.state import RequestRecord
 from otel_ttft.runtime.hooks.request.timeline import PREEMPTED, SCHEDULED
 
@@ -55,6 +56,15 @@ def _union_s(intervals: list[first_use.Fill]) -> float:
         else:
             cur_end = max(cur_end, end)
     return total + (cur_end - cur_start if cur_end is not None else 0.0)
+
+
+def step_evidence(steps: list[StepTime] | tuple[()]) -> dict[str, float]:
+    """Wall and CPU seconds of these worker steps, and their ratio: contention's evidence."""
+    wall = sum(s.wall for s in steps)
+    cpu = sum(s.cpu for s in steps)
+    # One thread cannot run longer than the wall: a ratio over 1 is the two clocks' granularity.
+    return {semconv.ATTR_STEP_WALL_SECONDS: wall, semconv.ATTR_STEP_CPU_SECONDS: cpu,
+            semconv.ATTR_STEP_CPU_RATIO: min(cpu / wall, 1.0) if wall > 0 else 1.0}
 
 
 _CHAT_PREFIXES = ("chatcmpl-", "resp-")  # vLLM's request ids: chat completions, responses
@@ -120,6 +130,11 @@ def _attributes(rec: RequestRecord, eng: EnginePayload | None, ttft: float | Non
             attrs[semconv.ATTR_ACTIVATION_KIND] = "adapter"
     if eng is not None and eng.compile:
         attrs[semconv.ATTR_REQUEST_COMPILE_SECONDS] = sum(e - s for s, e in eng.compile)
+    if eng is not None and eng.steps:
+        attrs.update(step_evidence(eng.steps))
+        waited = sum(s.wall - s.cpu for s in eng.steps if thresholds.step_waited(s.wall, s.cpu))
+        if waited:
+            attrs[semconv.ATTR_REQUEST_WAIT_SECONDS] = waited
     act = rec.activation
     if act is not None:
         attrs[semconv.ATTR_REQUEST_ACTIVATION_INDEX] = rec.cold_index

@@ -13,7 +13,8 @@ These ride back to the API process as the ``payload`` of the request's first ``E
 Warm-up paid inside a request (a LoRA adapter loaded lazily, or a torch.compile that start-up
 skipped, e.g. ``VLLM_CPU_CI_ENV=1``) is timed in the worker (``worker``) and charged here to the
 requests that were waiting for their first token when it started (adapter loads: only those with
-that adapter). Warm-up before any request was queued is thereby never charged to one.
+that adapter). Warm-up before any request was queued is thereby never charged to one. Steps a CPU
+worker timed (wall against its thread's CPU time) go to the requests whose prefill they ran.
 """
 
 from __future__ import annotations
@@ -106,12 +107,15 @@ def wrap_update_from_output(call: Any, instance: Any, args: tuple, kwargs: dict)
     """Each request's first output carries what EngineCore noted (``payload``), and warm-up a
     worker timed is charged to the requests waiting for their first token."""
     outputs = call(*args, **kwargs)
-    if not _state and not worker.pending:
+    if not _state and not worker.pending and not worker.steps:
         return outputs
     runner_output = args[1] if len(args) > 1 else kwargs.get("model_runner_output")
     events = getattr(runner_output, worker.WARMUP_ATTR, None) or worker.take_local()
     if events:
         _charge_warmup(events)
+    timed = getattr(runner_output, worker.STEPS_ATTR, None) or worker.take_local_steps()
+    if timed:
+        _charge_steps(timed)
     for engine_outputs in outputs.values():
         for out in engine_outputs.outputs:
             st = _state.pop(out.request_id, None)
@@ -133,6 +137,16 @@ def _charge_warmup(events: list[tuple[str, int, float, float]]) -> None:
                 st.adapter = (start, end)
             elif kind == worker.COMPILE:
                 st.compile.append((start, end))
+
+
+def _charge_steps(timed: list[worker.PrefillStep]) -> None:
+    """Each timed step goes to the requests whose prefill it ran (and still wait for their first
+    token)."""
+    for step in timed:
+        for rid in step.request_ids:
+            st = _state.get(rid)
+            if st is not None and len(st.steps) < 64:
+                st.steps.append(step.time)
 
 
 # --- Scheduler.finish_requests: forget requests that end before any output -----------------------

@@ -18,8 +18,22 @@ from typing import Annotated
 
 import msgspec
 
-VERSION = 1
+VERSION = 2
 SCHEDULED, PREEMPTED = "S", "P"  # schedule event kinds (same letters as ``timeline``)
+
+
+class StepTime(msgspec.Struct, array_like=True, frozen=True):
+    """One engine step that ran (part of) a request's prefill, as its worker thread lived it:
+    ``execute_model`` and the step's ``sample_tokens`` together."""
+
+    start: float
+    """When the worker began the step (``time.monotonic()``)."""
+    end: float
+    """When it ended."""
+    wall: float
+    """Seconds the worker's calls for the step took (``end - start`` less the gap between them)."""
+    cpu: float
+    """Seconds of CPU the worker thread got within them (``time.thread_time()``)."""
 
 
 @dataclass(slots=True)
@@ -46,15 +60,18 @@ class EnginePayload:
     compile: list[tuple[float, float]] | tuple[()] = field(default_factory=list)
     """(start, end) of each torch.compile paid inside its wait for the first token (read in the
     API process: ``()`` when empty)."""
+    steps: list[StepTime] | tuple[()] = field(default_factory=list)
+    """The worker steps that ran its prefill, timed on a CPU worker (read in the API process:
+    ``()`` when empty)."""
     lora_id: int = 0
     """Its adapter's ``lora_int_id`` (0: none). EngineCore-side only: not shipped."""
 
 
 def encode(p: EnginePayload) -> str:
     """The header value: ``[VERSION, queued, attempts, waiting, running, free, total, schedule,
-    adapter, compile]`` as compact JSON."""
+    adapter, compile, steps]`` as compact JSON."""
     return _encode(_Wire(VERSION, p.queued, p.attempts, p.waiting, p.running, p.free, p.total,
-                         p.schedule, p.adapter, p.compile)).decode()
+                         p.schedule, p.adapter, p.compile, p.steps)).decode()
 
 
 _Count = Annotated[int, msgspec.Meta(ge=0)]
@@ -75,6 +92,7 @@ class _Wire(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     schedule: list[tuple[str, _Time]]
     adapter: _Interval | None
     compile: list[_Interval]
+    steps: list[StepTime]
 
 
 _encode = msgspec.json.Encoder().encode
@@ -97,7 +115,11 @@ def decode(value: str) -> EnginePayload | None:
     for start, end in w.compile if w.adapter is None else [w.adapter, *w.compile]:
         if not (isfinite(start) and isfinite(end)):
             return None
+    for step in w.steps:
+        if not (isfinite(step.start) and isfinite(step.end) and isfinite(step.wall)
+                and isfinite(step.cpu) and step.cpu >= 0 and step.wall >= 0):
+            return None
     # Empty lists as the empty tuple (the usual case: vLLM stamps its own events, nothing
     # compiled): the API process keeps a payload as long as its request, untracked by the GC.
     return EnginePayload(w.queued, w.waiting, w.running, w.free, w.total, w.attempts,
-                         w.schedule or (), w.adapter, w.compile or ())
+                         w.schedule or (), w.adapter, w.compile or (), w.steps or ())

@@ -15,11 +15,16 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from otel_ttft import semconv
+from otel_ttft.diagnosis import thresholds
 from otel_ttft.runtime import clock
 from otel_ttft.runtime.hooks import activation_verdict, first_use
 from otel_ttft.runtime.hooks.request import detail as request_detail
 from otel_ttft.runtime.hooks.request import metrics as request_metrics
-from otel_ttft.runtime.hooks.request.attributes import operation_name, span_attributes
+from otel_ttft.runtime.hooks.request.attributes import (
+    operation_name,
+    span_attributes,
+    step_evidence,
+)
 from otel_ttft.runtime.hooks.request.payload import EnginePayload
 from otel_ttft.runtime.hooks.request.state import RequestRecord
 from otel_ttft.runtime.hooks.request.timeline import (
@@ -114,6 +119,7 @@ def emit_request(rec: RequestRecord, now: float) -> None:
     warmup = _warmup_spans(eng, fills)
     if warmup:
         rec.cold = True  # it waited for warm-up work (a compile, its adapter's load, a cache)
+    waits = wait_spans(eng)
     error = rec.rejected or rec.error
     headers = rec.trace_headers
     caller, context, kind = parent_context(
@@ -136,7 +142,7 @@ def emit_request(rec: RequestRecord, now: float) -> None:
                 span.set_attribute(semconv.ATTR_REQUEST_DETAIL, detail)
                 if rec.rejected is None:
                     _fill(span, tile(rec.arrival, queued, schedule, rec.first_tok, ttft_end, end),
-                          first_decode, warmup)
+                          first_decode, warmup + waits)
             if error:
                 span.set_status(Status(StatusCode.ERROR, error))
         span.end(end_time=ns(max(end, ttft_end or end)))
@@ -182,3 +188,19 @@ def _warmup_spans(eng: EnginePayload | None, fills: list[first_use.Fill] = ()
     if eng.adapter is not None:
         out.append((semconv.SPAN_ADAPTER_LOAD, semconv.STAGE_WARMUP_ADAPTER, *eng.adapter, {}))
     return out
+
+
+def wait_spans(eng: EnginePayload | None) -> list[Warmup]:
+    """``prefill.wait``: per step that ran its prefill while the worker waited for a CPU, the
+    wait (wall minus the worker thread's CPU time) as a span ending with the step, its evidence
+    as attributes. The rest of the step stays ``prefill``."""
+    if eng is None or not eng.steps:
+        return []
+    out: list[Warmup] = []
+    for step in eng.steps:
+        if not thresholds.step_waited(step.wall, step.cpu):
+            continue
+        out.append((semconv.SPAN_PREFILL_WAIT, semconv.STAGE_PREFILL_WAIT,
+                    step.end - (step.wall - step.cpu), step.end, step_evidence([step])))
+    return out
+

@@ -6,15 +6,27 @@ were waiting for their first token when it started.
 
 Compiles are timed by the one ``monitor_torch_compile`` wrapper (``hooks.warmup``), which calls
 :func:`note_compile`.
+
+Contention: a step that runs some request's prefill on a CPU worker is timed twice, on the wall
+clock and on the worker thread's CPU clock (``time.thread_time()``), over ``Worker.execute_model``
+and the step's ``Worker.sample_tokens`` (both run on the worker's main thread). Their difference
+is time the worker wanted a CPU and had none (another process on its cores, the process stopped).
+It ships as a :class:`payload.StepTime` per step with the ids of the requests it prefilled. On a
+GPU the thread blocks on the device by design, so there the two clocks say nothing about
+contention and no step is timed. Per step with no prefill in it: two truth tests.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
+from otel_ttft.runtime.hooks.request.payload import StepTime
+
 WARMUP_ATTR = "_otel_ttft_warmup"
+STEPS_ATTR = "_otel_ttft_steps"
 ADAPTER, COMPILE = "a", "c"
 
 # (ADAPTER|COMPILE, lora_int_id, start, end) timed in this process, not yet shipped
@@ -31,6 +43,31 @@ def note_compile(start: float) -> None:
     _note(COMPILE, 0, start)
 
 
+@dataclass(slots=True)
+class PrefillStep:
+    """A step timed on a CPU worker, and the requests whose prefill it ran."""
+
+    time: StepTime
+    request_ids: list[str]
+
+
+@dataclass(slots=True)
+class _OpenStep:
+    start: float
+    end: float = 0.0
+    wall: float = 0.0
+    cpu: float = 0.0
+    request_ids: list[str] = field(default_factory=list)
+
+
+# steps timed in this process, not yet shipped
+steps: list[PrefillStep] = []
+# request id -> prompt tokens its prefill has still to compute (chunked prefill), bounded
+_prefilling: dict[str, int] = {}
+_open: _OpenStep | None = None  # the step whose sample_tokens is still to come
+_cpu_worker: bool | None = None  # the worker's device is a CPU (None: not known yet)
+
+
 def take_local() -> list[tuple[str, int, float, float]] | None:
     """What is pending, taken (uniproc executor: EngineCore reads it in-process)."""
     if not pending:
@@ -38,6 +75,106 @@ def take_local() -> list[tuple[str, int, float, float]] | None:
     events = pending[:]
     del pending[:len(events)]  # an append from another thread in between stays queued
     return events
+
+
+def take_local_steps() -> list[PrefillStep] | None:
+    """The timed steps, taken (uniproc executor: EngineCore reads them in-process)."""
+    if not steps:
+        return None
+    taken = steps[:]
+    del steps[:len(taken)]
+    return taken
+
+
+def _prefill_ids(scheduler_output: Any) -> list[str]:
+    """The requests whose prompt this step computes (part of), and what is left of each."""
+    scheduled = scheduler_output.num_scheduled_tokens
+    for rid in scheduler_output.finished_req_ids:
+        _prefilling.pop(rid, None)
+    ids = []
+    for rid in list(_prefilling):
+        n = scheduled.get(rid)
+        if n is None:
+            continue
+        ids.append(rid)
+        left = _prefilling[rid] - n
+        if left > 0:
+            _prefilling[rid] = left
+        else:
+            del _prefilling[rid]
+    for new in scheduler_output.scheduled_new_reqs:
+        ids.append(new.req_id)
+        prompt = new.prompt_token_ids
+        left = (len(prompt) if prompt is not None else 0) - new.num_computed_tokens \
+            - scheduled.get(new.req_id, 0)
+        if left > 0 and len(_prefilling) < 4096:
+            _prefilling[new.req_id] = left
+    return ids
+
+
+def _close_step() -> None:
+    global _open
+    step, _open = _open, None
+    if step is not None:
+        steps.append(PrefillStep(StepTime(step.start, step.end, step.wall, step.cpu),
+                                 step.request_ids))
+        del steps[:-256]
+
+
+def _is_cpu_worker(worker: Any) -> bool:
+    global _cpu_worker
+    if _cpu_worker is None:
+        device = getattr(worker, "device", None)
+        _cpu_worker = getattr(device, "type", None) == "cpu"
+    return _cpu_worker
+
+
+def _timed(call: Callable[..., Any], args: tuple, kwargs: dict, step: _OpenStep) -> Any:
+    wall, cpu = time.monotonic(), time.thread_time()
+    try:
+        return call(*args, **kwargs)
+    finally:
+        step.end = time.monotonic()
+        step.wall += step.end - wall
+        step.cpu += time.thread_time() - cpu
+
+
+def wrap_execute_model(call: Callable[..., Any], instance: Any, args: tuple,
+                       kwargs: dict) -> Any:
+    """``Worker.execute_model``: a step with a prefill in it is timed (on a CPU worker)."""
+    if _open is not None:  # the previous step had no sample_tokens call (pooling, no tokens)
+        _close_step()
+    scheduler_output = args[0] if args else kwargs["scheduler_output"]
+    if not scheduler_output.scheduled_new_reqs and not _prefilling:
+        return call(*args, **kwargs)
+    if not _is_cpu_worker(instance):
+        return call(*args, **kwargs)
+    ids = _prefill_ids(scheduler_output)
+    if not ids:
+        return call(*args, **kwargs)
+    step = _OpenStep(time.monotonic(), request_ids=ids)
+    output = _timed(call, args, kwargs, step)
+    _open_or_close(step, output)
+    return output
+
+
+def _open_or_close(step: _OpenStep, output: Any) -> None:
+    global _open
+    _open = step
+    if output is not None:  # the step's output is here: no sample_tokens call follows
+        _close_step()
+
+
+def wrap_sample_tokens(call: Callable[..., Any], instance: Any, args: tuple,
+                       kwargs: dict) -> Any:
+    """``Worker.sample_tokens``: the second half of a timed step."""
+    step = _open
+    if step is None:
+        return call(*args, **kwargs)
+    try:
+        return _timed(call, args, kwargs, step)
+    finally:
+        _close_step()
 
 
 def wrap_load_adapter(call: Callable[..., Any], instance: Any, args: tuple,
@@ -54,6 +191,9 @@ def _attach(output: Any) -> Any:
         events = take_local()
         if events:
             setattr(output, WARMUP_ATTR, events)
+        timed = take_local_steps()
+        if timed:
+            setattr(output, STEPS_ATTR, timed)
     return output
 
 
@@ -72,8 +212,9 @@ class _ResolveAndAttach:
 
 
 def wrap_enqueue_output(call: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    """``WorkerProc.enqueue_output``: attach pending warm-up times to the step's output."""
-    if pending:
+    """``WorkerProc.enqueue_output``: attach pending warm-up and step times to the step's
+    output."""
+    if pending or steps:
         output = args[0] if args else kwargs["output"]
         if hasattr(output, "get_output"):  # AsyncModelRunnerOutput: resolved inside vLLM's call
             output.get_output = _ResolveAndAttach(output.get_output)

@@ -1,0 +1,141 @@
+"""Contention without a server: which steps a worker times (vLLM's real ``SchedulerOutput`` and
+``NewRequestData``), what EngineCore charges them to, how the wait is named, and the verdict's
+fix for it. The real worker, stopped by the kernel, is ``test_contention_vllm``."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from otel_ttft import semconv
+from otel_ttft.diagnosis import rule, thresholds
+from otel_ttft.runtime.hooks.request import engine, worker
+from otel_ttft.runtime.hooks.request.attributes import step_evidence
+from otel_ttft.runtime.hooks.request.payload import EnginePayload, StepTime
+from otel_ttft.runtime.hooks.request.spans import wait_spans
+
+pytestmark = pytest.mark.vllm_import
+
+CPU = SimpleNamespace(device=SimpleNamespace(type="cpu"))
+PAUSE_S = 0.05  # the stand-in step sleeps: wall time its thread does not run
+
+
+@pytest.fixture(autouse=True)
+def _fresh_worker(monkeypatch):
+    monkeypatch.setattr(worker, "steps", [])
+    monkeypatch.setattr(worker, "_prefilling", {})
+    monkeypatch.setattr(worker, "_open", None)
+    monkeypatch.setattr(worker, "_cpu_worker", None)
+    monkeypatch.setattr(engine, "_state", {})
+
+
+def _output(new: dict[str, tuple[int, int]] | None = None, cached: dict[str, int] | None = None,
+            finished: set[str] = frozenset()):
+    """A real SchedulerOutput: ``new`` id -> (prompt tokens, scheduled), ``cached`` id ->
+    scheduled."""
+    from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
+
+    so = SchedulerOutput.make_empty()
+    for rid, (prompt, n) in (new or {}).items():
+        so.scheduled_new_reqs.append(NewRequestData(
+            req_id=rid, prompt_token_ids=list(range(prompt)), mm_features=[],
+            sampling_params=None, pooling_params=None, block_ids=([],), num_computed_tokens=0,
+            lora_request=None))
+        so.num_scheduled_tokens[rid] = n
+    for rid, n in (cached or {}).items():
+        so.num_scheduled_tokens[rid] = n
+    so.total_num_scheduled_tokens = sum(so.num_scheduled_tokens.values())
+    so.finished_req_ids = set(finished)
+    return so
+
+
+def _pause(*args, **kwargs):
+    time.sleep(PAUSE_S)
+
+
+def _step(so, instance=CPU) -> None:
+    """One engine step as EngineCore drives a worker: execute_model, then sample_tokens."""
+    worker.wrap_execute_model(lambda *a, **k: None, instance, (so,), {})
+    worker.wrap_sample_tokens(_pause, instance, (None,), {})
+
+
+def test_a_chunked_prefill_is_timed_step_by_step_and_a_decode_step_is_not():
+    _step(_output(new={"a": (100, 60)}))
+    _step(_output(cached={"a": 40}))  # its last chunk
+    _step(_output(cached={"a": 1}))  # decode: nothing prefills
+    timed = worker.take_local_steps()
+    assert [s.request_ids for s in timed] == [["a"], ["a"]]
+    for s in timed:
+        assert s.time.wall >= PAUSE_S
+        assert s.time.start < s.time.end
+        assert thresholds.step_waited(s.time.wall, s.time.cpu)  # asleep: no CPU
+    assert worker.take_local_steps() is None
+
+
+def test_steps_of_a_gpu_worker_and_finished_requests_are_not_timed():
+    _step(_output(new={"a": (10, 10)}), instance=SimpleNamespace(device=SimpleNamespace(
+        type="cuda")))
+    assert worker.take_local_steps() is None
+    worker._cpu_worker = None
+    _step(_output(new={"b": (100, 50)}))
+    _step(_output(finished={"b"}))  # aborted mid-prefill: forgotten, nothing timed
+    assert [s.request_ids for s in worker.take_local_steps()] == [["b"]]
+    assert not worker._prefilling
+
+
+def test_engine_charges_a_step_to_the_requests_it_prefilled_while_they_wait():
+    engine._state.update({"a": EnginePayload(1.0, 0, 0, 1, 2),
+                          "b": EnginePayload(1.0, 0, 0, 1, 2)})
+    step = StepTime(2.0, 3.1, wall=1.1, cpu=0.01)
+    engine._charge_steps([worker.PrefillStep(step, ["a", "gone"])])
+    assert engine._state["a"].steps == [step]
+    assert engine._state["b"].steps == []
+
+
+def test_a_wait_is_named_under_its_step_with_its_evidence_and_jitter_is_not():
+    stopped = StepTime(10.0, 11.2, wall=1.2, cpu=0.02)
+    busy = StepTime(12.0, 12.004, wall=0.004, cpu=0.0035)  # a healthy tiny step
+    shared = StepTime(13.0, 13.2, wall=0.2, cpu=0.19)  # ran 95 %: no wait worth a name
+    eng = EnginePayload(9.0, 0, 0, 1, 2, steps=[stopped, busy, shared])
+    ((name, stage, start, end, attrs),) = wait_spans(eng)
+    assert (name, stage) == (semconv.SPAN_PREFILL_WAIT, semconv.STAGE_PREFILL_WAIT)
+    assert end == stopped.end and end - start == pytest.approx(1.18)
+    assert attrs == step_evidence([stopped])
+    assert attrs[semconv.ATTR_STEP_CPU_RATIO] == pytest.approx(0.02 / 1.2)
+    assert wait_spans(EnginePayload(9.0, 0, 0, 1, 2)) == []
+    assert wait_spans(None) == []
+
+
+def test_the_verdict_fixes_a_wait_by_placement_not_context_policy():
+    fix, change = rule.fix_for(semconv.STAGE_PREFILL_WAIT, semconv.STAGE_PREFILL)
+    assert fix == rule.PLACEMENT
+    assert fix != rule.fix_for(None, semconv.STAGE_PREFILL)[0]
+    assert "CPU" in change
+
+
+def test_every_platforms_worker_runs_its_steps_through_the_hooked_worker_methods():
+    """The hooks sit on the GPU ``Worker``; a platform worker that overrode either method would
+    run its steps untimed."""
+    import importlib
+
+    from otel_ttft.runtime.hooks import request
+
+    targets = {h.target for h in request.HOOKS if h.stage == semconv.STAGE_PREFILL_WAIT}
+    assert targets == {"vllm.v1.worker.gpu_worker:Worker.execute_model",
+                       "vllm.v1.worker.gpu_worker:Worker.sample_tokens"}
+    from vllm.v1.worker.gpu_worker import Worker
+
+    checked = 0
+    for module, name in (("vllm.v1.worker.cpu_worker", "CPUWorker"),
+                         ("vllm.v1.worker.xpu_worker", "XPUWorker")):
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except ImportError:  # a platform this build cannot import
+            continue
+        assert issubclass(cls, Worker)
+        for method in ("execute_model", "sample_tokens"):
+            assert getattr(cls, method) is getattr(Worker, method), (name, method)
+        checked += 1
+    assert checked >= 1  # the CPU worker, at least, is checked here

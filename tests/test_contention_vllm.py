@@ -1,0 +1,102 @@
+"""Contention against a real vLLM (CPU build, tiny local model): the worker is stopped for a
+second by the kernel (SIGSTOP, then SIGCONT from another process) inside the step that runs one
+request's prefill. That request's tree names the wait (``prefill.wait``) with its evidence, the
+worker thread's CPU seconds against the step's wall seconds; its ``Prefill`` keeps the rest, and
+the requests around it, run the same way but not stopped, name no wait."""
+
+from __future__ import annotations
+
+import pytest
+
+from otel_ttft import semconv
+from otel_ttft.tools.replay.server import VllmServer
+from tests.export_env import EXPORT_ENV
+from tests.test_request_vllm import (
+    assert_tiles_ttft,
+    by_trace,
+    children,
+    complete,
+    token_prompt,
+    wait_for_requests,
+)
+
+pytestmark = pytest.mark.vllm
+
+TRIGGER = [1999, 1998, 1997, 1996, 1995]  # prompt ids the plant stops the worker for
+STOP_S = 1.0
+
+# A general plugin (loaded in every vLLM process): inside the model runner's execute_model, when
+# the step's new requests include one whose prompt starts with TRIGGER, the process stops itself
+# (SIGSTOP: no thread of it runs) and a shell it started continues it a second later.
+PLANT = f'''
+import os, signal, subprocess
+
+TRIGGER = {TRIGGER!r}
+STOP_S = {STOP_S!r}
+
+
+def register():
+    from vllm.v1.worker import gpu_model_runner as gmr
+
+    runner = gmr.GPUModelRunner
+    if getattr(runner, "_ttft_test_stop_planted", False):
+        return
+    runner._ttft_test_stop_planted = True
+    inner = runner.execute_model
+
+    def execute_model(self, scheduler_output, *args, **kwargs):
+        for new in scheduler_output.scheduled_new_reqs:
+            if list(new.prompt_token_ids or [])[:len(TRIGGER)] == TRIGGER:
+                subprocess.Popen(["sh", "-c", f"sleep {{STOP_S}}; kill -CONT {{os.getpid()}}"])
+                os.kill(os.getpid(), signal.SIGSTOP)
+        return inner(self, scheduler_output, *args, **kwargs)
+
+    runner.execute_model = execute_model
+'''
+
+
+def test_a_worker_stopped_inside_a_prefill_is_a_named_wait(receiver, tiny_model, tmp_path,
+                                                           vllm_plugin):
+    model = str(tiny_model)
+    env = {**EXPORT_ENV, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.http_endpoint,
+           "OTEL_TTFT_REQUEST_DETAIL": semconv.DETAIL_SPANS,
+           "PYTHONPATH": vllm_plugin("ttft_test_stop", PLANT)}
+    with VllmServer(tiny_model, env=env, log_path=tmp_path / "server.log") as server:
+        before = [complete(server.url, model, token_prompt(40, seed=i)) for i in range(2)]
+        stopped = complete(server.url, model, TRIGGER + token_prompt(40, seed=7))
+        after = [complete(server.url, model, token_prompt(40, seed=20 + i)) for i in range(2)]
+        wait_for_requests(receiver, 5)
+    spans = receiver.store.spans()
+    reqs = by_trace(spans, [*before, stopped, *after])
+
+    (req,) = reqs[stopped.trace_id]
+    attrs = req["attributes"]
+    parts = assert_tiles_ttft(spans, req)
+    prefill = next(p for p in parts if p["name"] == semconv.SPAN_REQUEST_PREFILL)
+    waits = [c for c in children(spans, prefill) if c["name"] == semconv.SPAN_PREFILL_WAIT]
+    assert len(waits) == 1, [c["name"] for c in children(spans, prefill)]
+    (wait,) = waits
+    evidence = wait["attributes"]
+    assert evidence[semconv.ATTR_STAGE] == semconv.STAGE_PREFILL_WAIT
+    # The kernel stopped every thread for STOP_S: the step's wall time holds it, the worker
+    # thread's CPU time does not.
+    wall, cpu = evidence[semconv.ATTR_STEP_WALL_SECONDS], evidence[semconv.ATTR_STEP_CPU_SECONDS]
+    assert wall >= STOP_S
+    assert wall - cpu >= STOP_S * 0.9
+    assert evidence[semconv.ATTR_STEP_CPU_RATIO] == pytest.approx(cpu / wall)
+    wait_ns = wait["end_ns"] - wait["start_ns"]
+    assert wait_ns == pytest.approx((wall - cpu) * 1e9, abs=1e6)
+    assert prefill["start_ns"] <= wait["start_ns"] <= wait["end_ns"] <= prefill["end_ns"]
+    # The request names it too, and its prefill is the stop plus the step's own work.
+    assert attrs[semconv.ATTR_REQUEST_WAIT_SECONDS] == pytest.approx(wall - cpu)
+    assert attrs[semconv.ATTR_STEP_CPU_RATIO] < 0.5
+    assert attrs[semconv.ATTR_REQUEST_STAGE_PREFILL_SECONDS] >= STOP_S
+
+    # The same requests, not stopped: timed, and the stop charged to none of them (this machine
+    # is shared, so a few milliseconds of real waiting may be named there, never the second).
+    for call in [*before, *after]:
+        (other,) = reqs[call.trace_id]
+        other_attrs = other["attributes"]
+        assert other_attrs[semconv.ATTR_STEP_WALL_SECONDS] > 0
+        assert other_attrs.get(semconv.ATTR_REQUEST_WAIT_SECONDS, 0.0) < STOP_S / 2
+        assert other_attrs[semconv.ATTR_REQUEST_STAGE_PREFILL_SECONDS] < STOP_S / 2
