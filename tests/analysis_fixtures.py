@@ -81,8 +81,9 @@ def request(scenario: str, model: str, made: float, arrival: float, *, frontend_
             queue: float = 0.001, prefill: float = 0.010, frontend_out: float = 0.002,
             network_out: float = 0.001, tokens: int = 10, compile_in_prefill: float = 0.0,
             activation_trace: str | None = None, run_id: str = "run1", waiting: int = 0,
-            activation_index: int = 5) -> list[dict]:
-    """A replay.request (made at ``made``) whose llm_request arrives at ``arrival``."""
+            activation_index: int = 5, cached: int | None = None) -> list[dict]:
+    """A replay.request (made at ``made``) whose llm_request arrives at ``arrival``;
+    ``cached``: prompt tokens vLLM read from its prefix cache."""
     t = new_trace()
     prefill += compile_in_prefill
     server_ttft = frontend_in + queue + prefill + frontend_out
@@ -102,6 +103,8 @@ def request(scenario: str, model: str, made: float, arrival: float, *, frontend_
                       semconv.GEN_AI_REQUEST_MODEL: model,
                       semconv.ATTR_REQUEST_ARRIVAL_WAITING: waiting,
                       semconv.ATTR_REQUEST_ACTIVATION_INDEX: activation_index})
+    if cached is not None:
+        server["attributes"][semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = cached
     out = [client, server]
     s = arrival
     for name, stage, dur in ((semconv.SPAN_REQUEST_INPUT, semconv.STAGE_FRONTEND, frontend_in),

@@ -197,6 +197,35 @@ def test_repeated_long_prompt_without_prefix_caching_turns_it_on(vocab):
     assert "prefix-caching" not in _ids(change.propose(v, rows, BASE, _run(on), [], vocab))
 
 
+def test_a_cold_prefix_cache_is_warmed_after_activation_or_kept_resident(vocab):
+    sub = semconv.STAGE_PREFILL_UNCACHED_PREFIX
+    v = _verdict("switch-back", "prefill", sub, "warm-up", uncached_prefix_tokens_p50=384,
+                 baseline_cached_share_p50=0.96)
+    rows = [_row("switch-back", ttft=0.3, stages={"prefill": 0.2}, subs={sub: 0.19})] * 3
+    ch = change.propose(v, rows, BASE, _run(), [], vocab)
+    assert _ids(ch) == ["prefix-warm-up", "resident"]
+    warm, resident = ch["candidates"]
+    assert warm["prepare"] == change.WARM_PREFIX and warm["side"] == change.SIDE_DRIVER
+    assert not warm["missing"] and not warm["args"] and not warm["env"]
+    assert "POST /v1/chat/completions" in warm["reason"]  # vLLM's own route
+    assert "384 prompt tokens" in warm["reason"] and "96%" in warm["reason"]
+    assert warm["stage"] == sub and resident["stage"] == sub
+    assert "warm the shared prefix after activation" in change.describe(warm)
+    assert resident["driver"] == "resident" and resident["models"] == ["A", "B"]
+    if vocab.sleep_clears_prefix_cache_from is not None:  # read from vLLM's EngineCore.sleep
+        assert f"sleeps at level {vocab.sleep_clears_prefix_cache_from}" in resident["reason"]
+    # already resident: only the warm-up is left
+    assert _ids(change.propose(v, rows, BASE, _run(driver="resident"), [], vocab)) == [
+        "prefix-warm-up"]
+    # a route this vLLM lacks is named missing, never assumed
+    lacking = knobs.Vocabulary(**{**vocab.__dict__, "routes": frozenset({"/v1/completions"})})
+    ch = change.propose(v, rows, BASE, _run(), [], lacking)
+    assert ch["candidates"][0]["missing"] == ["/v1/chat/completions"]
+    # the front end's first use is warm-up too, with nothing computed for it
+    first_use = _verdict("x", "warmup", "warmup.first_use", "warm-up")
+    assert change.propose(first_use, rows, BASE, _run(), [], vocab)["candidates"] == []
+
+
 def test_no_expansion_and_side_stages_have_nothing_to_change(vocab):
     for stage in ("none", "network"):
         ch = change.propose(_verdict("x", stage, None, "none"), [], BASE, _run(), [], vocab)
@@ -251,6 +280,8 @@ ALL_CASES = [
     (None, "tune-admission", "queue"),
     (None, "tune-admission", "warmup.kv_alloc"),
     (None, "tune-context", "prefill"),
+    (test_a_cold_prefix_cache_is_warmed_after_activation_or_kept_resident, "warm-up",
+     "prefill.uncached_prefix"),
 ]
 
 

@@ -19,7 +19,8 @@ A candidate (every key always present):
   ``durable``       names in ``env`` whose value is any durable directory (verify uses its own)
   ``driver``        the replay driver to use instead (``resident``, ``sleep``), or None
   ``sleep_level``   for the sleep driver: 1 (offload weights to host RAM) or 2 (discard)
-  ``prepare``       what must happen before it can help (``fill-cache``: one start fills it)
+  ``prepare``       what must happen before it can help (``fill-cache``: one start fills it;
+                    ``warm-prefix``: one request with the shared prefix after each activation)
   ``gpu_only``      true where vLLM can do it only on a GPU (sleep mode, CUDA graphs)
   ``missing``       knobs the installed vLLM lacks (never tried then)
   ``replaces``      what the template said before, in its own words, by flag
@@ -42,12 +43,13 @@ from otel_ttft.diagnosis.change_rules import (
     SIDE_CLIENT,
     SIDE_DRIVER,
     SIDE_SERVER,
+    WARM_PREFIX,
     Builder,
     Evidence,
 )
 
-__all__ = ["FILL_CACHE", "SIDE_CLIENT", "SIDE_DRIVER", "SIDE_SERVER", "change_lines", "describe",
-           "propose"]
+__all__ = ["FILL_CACHE", "SIDE_CLIENT", "SIDE_DRIVER", "SIDE_SERVER", "WARM_PREFIX", "change_lines",
+           "describe", "propose"]
 
 
 def describe(candidate: dict) -> str:
@@ -63,6 +65,8 @@ def describe(candidate: dict) -> str:
     replaces = candidate.get("replaces") or {}
     if replaces:
         parts.append("(was " + ", ".join(map(str, replaces.values())) + ")")
+    if candidate.get("prepare") == WARM_PREFIX:
+        parts.append("warm the shared prefix after activation")
     if candidate.get("side") == SIDE_CLIENT:
         parts.append("client side")
     return " ".join(parts) or candidate.get("id", "?")

@@ -18,6 +18,7 @@ from otel_ttft.diagnosis.rule import (
     PLACEMENT,
     TUNE_ADMISSION,
     TUNE_CONTEXT,
+    WARM_UP,
 )
 
 FIT_SHARE = 0.9  # both models fit when their weights and KV take at most this much of the device
@@ -26,6 +27,9 @@ GPU_HEADROOM = 1.25  # per server on a GPU: weights + KV, times this, as its mem
 
 SIDE_SERVER, SIDE_DRIVER, SIDE_CLIENT = "server", "driver", "client"
 FILL_CACHE = "fill-cache"
+#: prepare: after each activation, one untimed request with the shared prefix before users
+WARM_PREFIX = "warm-prefix"
+CHAT_ROUTE = "/v1/chat/completions"  # looked up in vLLM's own routes, never assumed
 
 
 def _median(values: Iterable[float]) -> float:
@@ -397,5 +401,39 @@ def _placement(b: Builder) -> None:
           stage=semconv.STAGE_PREFILL_WAIT)
 
 
+def _warm_up(b: Builder) -> None:
+    """The cold prefix cache (``prefill.uncached_prefix``): warm the shared prefix once after
+    activation, or keep the server (and its cache) resident. Other warm-ups: nothing computed."""
+    ev = b.ev
+    if ev.substage != semconv.STAGE_PREFILL_UNCACHED_PREFIX:
+        return
+    evidence = ev.verdict.get("evidence") or {}
+    tokens = evidence.get("uncached_prefix_tokens_p50") or 0
+    share = evidence.get("baseline_cached_share_p50")
+    seconds = ev.p50(ev.substage)
+    vocab = ev.vocab
+    routes = vocab.routes if vocab is not None else frozenset()
+    where = (f"POST {CHAT_ROUTE} with max_tokens 1" if CHAT_ROUTE in routes
+             else "one completion request with max_tokens 1")
+    c = b.add("prefix-warm-up",
+              f"{tokens:g} prompt tokens the baseline read from vLLM's prefix cache"
+              + (f" ({share:.0%} of its prompt)" if share is not None else "")
+              + f" were computed after the switch, {seconds:.2f} s of prefill: send the shared "
+                f"prefix (system prompt, history) once after activation ({where}) before "
+                "routing users", side=SIDE_DRIVER, prepare=WARM_PREFIX)
+    if vocab is not None and routes and CHAT_ROUTE not in routes:
+        c["missing"].append(CHAT_ROUTE)
+    clears = vocab.sleep_clears_prefix_cache_from if vocab is not None else None
+    sleep = (f"; vLLM's engine clears the prefix cache when it sleeps at level {clears} or "
+             f"above (EngineCore.sleep), so sleep mode does not keep it" if clears is not None
+             else "")
+    driver = ev.setup.get("driver") or ev.run.get("driver")
+    if driver in ("restart", "sleep", "proxy"):
+        b.add("resident", f"driver {driver} starts or wakes the model with an empty prefix "
+              f"cache; resident servers keep theirs{sleep}", side=SIDE_DRIVER,
+              driver="resident", models=list(ev.targets) or ([ev.model] if ev.model else []))
+
+
 RULES = {PERSIST_ARTIFACTS: _persist, KEEP_RESIDENT: _keep_resident,
-         TUNE_ADMISSION: _tune_admission, TUNE_CONTEXT: _tune_context, PLACEMENT: _placement}
+         TUNE_ADMISSION: _tune_admission, TUNE_CONTEXT: _tune_context, PLACEMENT: _placement,
+         WARM_UP: _warm_up}

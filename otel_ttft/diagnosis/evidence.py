@@ -11,7 +11,8 @@ import statistics
 
 from otel_ttft import semconv
 
-__all__ = ["correlation_note", "evidence", "load_unchanged", "state_notes"]
+__all__ = ["correlation_note", "evidence", "load_unchanged", "prefix_cache_fell",
+           "state_notes"]
 
 
 def _median(values: list) -> float:
@@ -53,6 +54,7 @@ def evidence(rows: list[dict], base_rows: list[dict]) -> dict:
         "baseline_prompt_tokens_p50": _median([r["prompt_tokens"] for r in base_rows
                                                if r["prompt_tokens"] is not None]),
     }
+    out.update(_prefix_cache(rows, base_rows))
     before = _values(rows, "evicted_resident_ratio")
     if before:  # the replay evicted the checkpoint and measured it right before the switch
         out["checkpoint_resident_before_start"] = round(max(before), 4)
@@ -64,6 +66,32 @@ def evidence(rows: list[dict], base_rows: list[dict]) -> dict:
         if share is not None:
             out[name] = share
     return out
+
+
+def _cached_share(rows: list[dict]) -> float | None:
+    shares = [r["evidence"]["cached_tokens"] / r["prompt_tokens"] for r in rows
+              if r["evidence"].get("cached_tokens") is not None and r.get("prompt_tokens")]
+    return round(_median(shares), 4) if shares else None
+
+
+def _prefix_cache(rows: list[dict], base_rows: list[dict]) -> dict:
+    """Prompt tokens read from vLLM's prefix cache, and those the baseline found cached for the
+    same prompt but these requests computed (``prefix.split``); only where measured."""
+    out = {}
+    for name, group in (("", rows), ("baseline_", base_rows)):
+        cached = _values(group, "cached_tokens")
+        if cached:
+            out[f"{name}cached_tokens_p50"] = _median(cached)
+            out[f"{name}cached_share_p50"] = _cached_share(group)
+    extra = _values(rows, "uncached_prefix_tokens")
+    if extra:
+        out["uncached_prefix_tokens_p50"] = _median(extra)
+    return out
+
+
+def prefix_cache_fell(evidence: dict) -> bool:
+    """The cached share fell against the baseline's for the same prompt."""
+    return (evidence.get("uncached_prefix_tokens_p50") or 0) > 0
 
 
 def state_notes(evidence: dict) -> list[str]:
@@ -102,6 +130,11 @@ def correlation_note(stage: str, rows: list[dict], base_rows: list[dict], eviden
     TTFT is named; when nothing did, the note says so."""
     if stage not in (semconv.STAGE_PREFILL, semconv.STAGE_QUEUE):
         return []
+    if stage == semconv.STAGE_PREFILL and prefix_cache_fell(evidence):
+        return [f"the prefix cache was colder than the baseline's: "
+                f"{evidence['uncached_prefix_tokens_p50']:g} prompt tokens the baseline read "
+                f"from it (cached share {evidence.get('baseline_cached_share_p50') or 0:.0%}) "
+                f"were computed here ({evidence.get('cached_share_p50') or 0:.0%} cached)"]
     if evidence["model_was_resident_share"] < 1.0:
         return []
     tokens, base_tokens = evidence["prompt_tokens_p50"], evidence["baseline_prompt_tokens_p50"]

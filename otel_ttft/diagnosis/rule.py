@@ -3,10 +3,13 @@
 The article's rule: walk the stages in pipeline order and blame the **earliest that expanded
 materially** against the baseline (warm, resident, short prompt): beyond the noise measured across
 repeats and at least 10 % of the scenario's TTFT increase. Within that stage the sub-stage that
-grew most picks the fix. Two guards keep a switch from being blamed for what it only accompanied:
-a load whose bytes read and resident state did not change is not a loading problem, and on a
-warm, resident model whose TTFT tracks prompt length or concurrency the verdict is prefill or
-queue, with a note that the switch was only correlated.
+grew most picks the fix: in prefill, ``prefill.uncached_prefix`` (prompt tokens the baseline read
+from vLLM's prefix cache, computed again after a switch emptied it: ``diagnosis.prefix``) names
+the cold cache and the warm-up fix, the rest of prefill context policy. Two guards keep a switch
+from being blamed for what it only accompanied: a load whose bytes read and resident state did
+not change is not a loading problem, and on a warm, resident model whose TTFT tracks prompt
+length or concurrency the verdict is prefill or queue, with a note that the switch was only
+correlated.
 
 "Earliest" is about cause: a slow load delays everything after it, so the stage that expanded
 first is the one to fix. The front end (tokenize, detokenize) and the network sit beside that
@@ -111,6 +114,11 @@ FIXES: dict[str, tuple[str, str]] = {
     semconv.STAGE_PREFILL_WAIT: (PLACEMENT, "give the worker CPUs no other process uses (its "
                                  "CPU binding, or another server or job moved off them); the "
                                  "prompt is not the problem, so context policy would not help"),
+    semconv.STAGE_PREFILL_UNCACHED_PREFIX: (WARM_UP, "the switch emptied vLLM's prefix "
+                                            "cache: send one request with the shared prefix "
+                                            "(system prompt, history) after activation, before "
+                                            "routing users, or keep the model resident so its "
+                                            "cache survives"),
     semconv.STAGE_NETWORK: (NONE, "client, proxy or network side; not the server"),
 }
 
@@ -394,16 +402,17 @@ def _chain_text(chain: list[dict]) -> str:
     return "; what grew, in pipeline order: " + ", ".join(parts)
 
 
+def _grew(key: str, rows: list[dict], base_rows: list[dict]) -> float:
+    return (_mean([r["substages"].get(key, 0.0) for r in rows])
+            - _mean([r["substages"].get(key, 0.0) for r in base_rows]))
+
+
 def _largest_substage(stage: str, rows: list[dict], base_rows: list[dict]) -> str | None:
     keys = {k for r in (*rows, *base_rows) for k in r["substages"]
             if semconv.stage_family(k) == stage}
     if not keys:
         return None
-
-    def grew(key: str) -> float:
-        return (_mean([r["substages"].get(key, 0.0) for r in rows])
-                - _mean([r["substages"].get(key, 0.0) for r in base_rows]))
-    return max(sorted(keys), key=grew)
+    return max(sorted(keys), key=lambda key: _grew(key, rows, base_rows))
 
 
 def core(rows: list[dict]) -> list[dict]:

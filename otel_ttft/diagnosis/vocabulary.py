@@ -112,9 +112,42 @@ def read(*, in_process: bool = False) -> dict:
     except Exception:  # noqa: BLE001
         pass
     import vllm
+    routes, clears = _serving(in_process)
     return {"vllm_version": getattr(vllm, "__version__", None), "parser": parser_source,
             "options": options, "env": names, "env_defaults": defaults, "load_formats": formats,
-            "loader_packages": installed, "torch_env": torch_env}
+            "loader_packages": installed, "torch_env": torch_env, "routes": routes,
+            "sleep_clears_prefix_cache_from": clears}
+
+
+# Where vLLM's OpenAI server declares its routes (what a warm-up request is sent to).
+_ROUTERS = ("vllm.entrypoints.openai.chat_completion.api_router",
+            "vllm.entrypoints.openai.completion.api_router",
+            "vllm.entrypoints.serve.dev.sleep.api_router")
+
+
+def _serving(in_process: bool) -> tuple[list[str], int | None]:
+    """vLLM's own route paths, and the lowest sleep level at which its engine clears the prefix
+    cache (``EngineCore.sleep``: ``clear_prefix_cache = level >= N``), None where unread."""
+    routes: list[str] = []
+    for name in _ROUTERS:
+        try:
+            module = sys.modules.get(name) if in_process else importlib.import_module(name)
+            routes += [r.path for r in module.router.routes
+                       if isinstance(getattr(r, "path", None), str)]
+        except Exception:  # noqa: BLE001 - a route we cannot read is left out, never guessed
+            continue
+    clears = None
+    try:
+        import inspect
+
+        core = (sys.modules.get("vllm.v1.engine.core") if in_process
+                else importlib.import_module("vllm.v1.engine.core"))
+        found = re.search(r"clear_prefix_cache\s*=\s*level\s*>=\s*(\d+)",
+                          inspect.getsource(core.EngineCore.sleep))
+        clears = int(found.group(1)) if found else None
+    except Exception:  # noqa: BLE001
+        pass
+    return sorted(set(routes)), clears
 
 
 @dataclass(frozen=True)
@@ -139,6 +172,9 @@ class Vocabulary:
     load_formats: tuple[str, ...] = ()
     loader_packages: dict[str, bool] = field(default_factory=dict)
     torch_env: frozenset[str] = frozenset()
+    routes: frozenset[str] = frozenset()  # the OpenAI server's route paths
+    #: the lowest sleep level at which vLLM's engine clears its prefix cache (None: not read)
+    sleep_clears_prefix_cache_from: int | None = None
 
     def has_flag(self, flag: str) -> bool:
         return flag in self.options
@@ -166,7 +202,8 @@ class Vocabulary:
         return cls(data.get("vllm_version"), data.get("parser", "?"), options,
                    frozenset(data.get("env", ())), dict(data.get("env_defaults", {})),
                    tuple(data.get("load_formats", ())), dict(data.get("loader_packages", {})),
-                   frozenset(data.get("torch_env", ())))
+                   frozenset(data.get("torch_env", ())), frozenset(data.get("routes", ())),
+                   data.get("sleep_clears_prefix_cache_from"))
 
 
 # --- server command templates -------------------------------------------------------------------

@@ -32,6 +32,9 @@ STAGE_PREFILL = "prefill"  # scheduled -> first token computed (all prefill chun
 #: inside a step that ran its prefill, the worker waited for a CPU (its thread ran for less than
 #: the step's wall time: another process held the CPU, or the worker was stopped)
 STAGE_PREFILL_WAIT = "prefill.wait"
+#: prefill spent on prompt tokens the baseline found in the prefix cache for the same prompt
+#: and this request computed (a switch emptied the cache): a share of prefill by token count
+STAGE_PREFILL_UNCACHED_PREFIX = "prefill.uncached_prefix"
 STAGE_FRONTEND = "frontend"  # HTTP arrival -> engine queue, and first token -> handed to HTTP
 STAGE_NETWORK = "network"  # client-observed TTFT minus everything the server spans cover
 STAGE_FIRST_DECODE = "first_decode"  # first -> second token (reported, not part of TTFT)
@@ -53,7 +56,7 @@ ALL_STAGES = (
     STAGE_WARMUP, STAGE_WARMUP_PROCESS_START, STAGE_WARMUP_FRONTEND, STAGE_WARMUP_DEVICE_INIT,
     STAGE_WARMUP_PROFILE, STAGE_WARMUP_COMPILE, STAGE_WARMUP_GRAPH_CAPTURE, STAGE_WARMUP_KV_ALLOC,
     STAGE_WARMUP_ADAPTER, STAGE_WARMUP_FIRST_USE,
-    STAGE_QUEUE, STAGE_PREFILL, STAGE_PREFILL_WAIT,
+    STAGE_QUEUE, STAGE_PREFILL, STAGE_PREFILL_WAIT, STAGE_PREFILL_UNCACHED_PREFIX,
     STAGE_FRONTEND, STAGE_NETWORK, STAGE_FIRST_DECODE,
 )
 

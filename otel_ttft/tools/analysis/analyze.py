@@ -11,6 +11,7 @@ import os
 from collections.abc import Iterable
 
 from otel_ttft import semconv
+from otel_ttft.diagnosis import prefix
 from otel_ttft.runtime import environment_variables as env
 from otel_ttft.tools.analysis import breakdown, change, verdict
 from otel_ttft.tools.analysis.breakdown import PIPELINE, Collected, RequestSummary
@@ -74,18 +75,28 @@ def analyze(collected: Collected, *, baseline: str | None = None, run_id: str | 
             continue
         records.append(request_record(request, collected, segments=segments,
                                       cold_requests=_cold_requests(runs, request)))
+    names = list(dict.fromkeys(r["scenario"] for r in records))
+    bases = {}
+    for name in names:
+        base = baseline or default_baseline(name, names)
+        if base is not None and baseline is not None and base not in names:
+            raise AnalysisError(f"baseline scenario {base!r} not found (scenarios: "
+                                f"{', '.join(summarize(records))})")
+        if base is not None and base != name:
+            bases[name] = base
+    # Prefill of prompt tokens the baseline found in the prefix cache: its own sub-stage.
+    by_scenario = {name: [r for r in records if r["scenario"] == name] for name in names}
+    for name, base in bases.items():
+        split = iter(prefix.split(by_scenario[name], by_scenario[base]))
+        records = [next(split) if r["scenario"] == name else r for r in records]
     scenarios = summarize(records)
     verdicts = []
     for name in scenarios:
-        base = baseline or default_baseline(name, scenarios)
-        if base is not None and baseline is not None and base not in scenarios:
-            raise AnalysisError(f"baseline scenario {base!r} not found (scenarios: "
-                                f"{', '.join(scenarios)})")
-        if base is None or base == name:
+        if name not in bases:
             continue
         rows = [r for r in records if r["scenario"] == name]
-        base_rows = [r for r in records if r["scenario"] == base]
-        verdicts.append(verdict.verdict(name, base, rows, base_rows))
+        base_rows = [r for r in records if r["scenario"] == bases[name]]
+        verdicts.append(verdict.verdict(name, bases[name], rows, base_rows))
     run = next(iter(runs.values())).as_dict() if runs else {
         "run_id": None, "client": None, "sampling": None, "concurrency": None, "prompts": None,
         "driver": None, "models": sorted({r["model"] for r in records if r["model"]}),
@@ -148,8 +159,10 @@ def request_record(request: RequestSummary, collected: Collected, *,
     for key, value in (("activation_index", request.activation_index),
                        ("among_first_requests", early),
                        ("evicted_resident_ratio", request.evicted_resident),
-                       ("evicted_cold", request.evicted_cold)):
-        if value is not None:  # measured: the server's cold count, the replay's eviction check
+                       ("evicted_cold", request.evicted_cold),
+                       ("cached_tokens", request.cached_tokens)):
+        if value is not None:  # measured: the server's cold count, the replay's eviction check,
+            # the prompt tokens vLLM read from its prefix cache
             record["evidence"][key] = value
     if segments:
         record["segments"] = [{"stage": stage.partition(".")[0], "substage": stage,

@@ -118,6 +118,7 @@ class RequestSummary:
     activation_index: int | None = None  # its place among its server's requests (1 = first)
     evicted_resident: float | None = None  # replay: checkpoint in page cache before the switch
     evicted_cold: bool | None = None  # replay: that counted as cold
+    cached_tokens: int | None = None  # prompt tokens vLLM read from its prefix cache
 
 
 @dataclass
@@ -326,6 +327,7 @@ def _request(node: SpanNode) -> RequestSummary | None:
         activation_index=_int(a.get(semconv.ATTR_REQUEST_ACTIVATION_INDEX)),
         evicted_resident=_float(ca.get(semconv.ATTR_REPLAY_EVICT_RESIDENT)),
         evicted_cold=evicted_cold if isinstance(evicted_cold, bool) else None,
+        cached_tokens=_int(a.get(semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS)),
     )
 
 

@@ -12,6 +12,7 @@ from otel_ttft.diagnosis.change import (
     SIDE_CLIENT,
     SIDE_DRIVER,
     SIDE_SERVER,
+    WARM_PREFIX,
     change_lines,
     describe,
     propose,
@@ -19,8 +20,8 @@ from otel_ttft.diagnosis.change import (
 from otel_ttft.diagnosis.change_rules import RULES
 from otel_ttft.tools.analysis import knobs
 
-__all__ = ["FILL_CACHE", "SIDE_CLIENT", "SIDE_DRIVER", "SIDE_SERVER", "attach", "change_lines",
-           "describe", "propose"]
+__all__ = ["FILL_CACHE", "SIDE_CLIENT", "SIDE_DRIVER", "SIDE_SERVER", "WARM_PREFIX", "attach",
+           "change_lines", "describe", "propose"]
 
 
 def attach(doc: dict, activations: Sequence[Any]) -> None:

@@ -39,13 +39,14 @@ from otel_ttft.runtime import environment_variables
 __all__ = ["ENTRY_TOKENS", "KnobsUnavailable", "Option", "TemplateArgs", "Vocabulary",
            "edit_template", "probe", "try_vocabulary", "vocabulary"]
 
-FORMAT = 1  # bump when the probe's output changes
+FORMAT = 2  # bump when the probe's output changes
 PROBE_TIMEOUT_S = 600.0
 _MARK = "OTEL_TTFT_KNOBS "
 # What the vocabulary is read from (relative to the vllm package): a change to any re-reads it.
 _SOURCES = ("engine/arg_utils.py", "envs.py", "entrypoints/common/cli_args.py",
             "entrypoints/launchers/cli_args.py",
-            "entrypoints/openai/cli_args.py", "model_executor/model_loader/__init__.py")
+            "entrypoints/openai/cli_args.py", "model_executor/model_loader/__init__.py",
+            "entrypoints/openai/chat_completion/api_router.py", "v1/engine/core.py")
 
 # The probe, run by the interpreter that runs vLLM: the diagnosis package's reader, as source (it
 # imports nothing of ours, so it runs where otel_ttft is not installed). One JSON line after _MARK.

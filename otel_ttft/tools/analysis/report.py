@@ -44,8 +44,9 @@ RECOMMENDATIONS = {
                       "waited in the scheduler queue.",
     "tune-context": "Tune the context: shorter prompts, prefix caching or chunked prefill; "
                     "prefill grows with prompt tokens.",
-    "warm-up": "Warm up the front end after activation: a few requests through the chat "
-               "template and tokenizer before users are routed to the new model.",
+    "warm-up": "Warm up after activation, before users are routed to the new model: a few "
+               "requests through the chat template and tokenizer, and one with the shared "
+               "prompt prefix where the switch emptied vLLM's prefix cache.",
     "none": "No stage expanded materially against the baseline.",
 }
 OUTCOMES = {
