@@ -8,10 +8,10 @@ nowhere. Defaults only: every ``OTEL_*`` variable the user sets wins, and anothe
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 from opentelemetry.instrumentation.distro import BaseDistro
-from opentelemetry.sdk._configuration import _BaseConfigurator
 
 from otel_ttft.runtime import configurator
 
@@ -24,9 +24,18 @@ class OtelTTFTDistro(BaseDistro):
         os.environ.setdefault("OTEL_SERVICE_NAME", "vllm")
 
 
-class OtelTTFTConfigurator(_BaseConfigurator):
-    """Providers and exporters from the ``OTEL_*`` settings, with a bounded exit
-    (``runtime.configurator``)."""
+class OtelTTFTConfigurator:
+    """The ``opentelemetry_configurator`` entry point: ``opentelemetry-instrument`` calls
+    ``configure()`` once per process; the providers and exporters come from the ``OTEL_*``
+    settings, with a bounded exit (``runtime.configurator``). What the SDK's configurator base
+    class would add (a singleton) is this lock and flag; no SDK-private name is needed."""
 
-    def _configure(self, **kwargs: Any) -> None:
+    _lock = threading.Lock()
+    _done = False
+
+    def configure(self, **kwargs: Any) -> None:
+        with OtelTTFTConfigurator._lock:
+            if OtelTTFTConfigurator._done:
+                return
+            OtelTTFTConfigurator._done = True
         configurator.configure()
