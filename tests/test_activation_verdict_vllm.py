@@ -100,8 +100,10 @@ def test_each_start_explains_itself(receiver, tiny_model, tmp_path):
     assert attrs[semconv.ATTR_VERDICT_BASELINE] == "thin"
     assert attrs[semconv.ATTR_VERDICT_STAGE] == semconv.STAGE_WARMUP
     assert attrs[semconv.ATTR_VERDICT_SUBSTAGE] == semconv.STAGE_WARMUP_PROFILE
-    assert attrs[semconv.ATTR_VERDICT_INCREASE_S] >= attrs[
-        semconv.ATTR_VERDICT_SUBSTAGE_INCREASE_S] > 10
+    # The planted delay is the profile run's own increase; the stage's can be smaller where its
+    # other parts came out faster this time (imports with a warm page cache, a quieter machine).
+    assert attrs[semconv.ATTR_VERDICT_SUBSTAGE_INCREASE_S] > 10
+    assert attrs[semconv.ATTR_VERDICT_INCREASE_S] > 0
     assert attrs[semconv.ATTR_VERDICT_RECOMMENDATION] == "persist-artifacts"
     change = list(attrs[semconv.ATTR_VERDICT_CHANGE])
     assert change[0] == "--kv-cache-memory-bytes" and int(change[1]) > 0, change
