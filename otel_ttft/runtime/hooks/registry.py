@@ -293,13 +293,9 @@ def resolve(hook: Hook) -> tuple[bool, str]:
 
 
 applied: dict[str, Hook] = {}
-"""Hook name -> the hook applied under it now (hooks that rely on another ask here)."""
+"""Hook name -> the hook applied under it now (the deferred emission reports its failures on
+the finish hook found here)."""
 
-
-def working(name: str) -> bool:
-    """Whether the hook ``name`` is applied and has not failed (its guard would bypass it)."""
-    hook = applied.get(name)
-    return hook is not None and not hook.failed
 
 
 def spawned_child() -> bool:
