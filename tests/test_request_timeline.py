@@ -111,12 +111,15 @@ def test_engine_payload_round_trip():
     st.attempts = 5
     st.schedule = [(SCHEDULED, 123.5), (PREEMPTED, 124.0), (SCHEDULED, 124.5)]
     st.adapter = (123.6, 123.7)
-    st.compile = [(123.8, 124.9)]
+    compiled = payload.CompileTime(123.8, 124.9, "logprobs.py:batched_count_greater_than", "3/1",
+                                   recompile=True, model_graph=False, step_tokens=17,
+                                   step_requests=2)
+    st.compile = [compiled]
     st.steps = [payload.StepTime(124.5, 125.6, wall=1.05, cpu=0.004)]
     got = payload.decode(payload.encode(st))
     assert got == EnginePayload(123.25, waiting=7, running=4, free=3, total=6, attempts=5,
                                 schedule=st.schedule, adapter=(123.6, 123.7),
-                                compile=[(123.8, 124.9)], steps=st.steps)
+                                compile=[compiled], steps=st.steps)
     assert got.lora_id == 0  # EngineCore-side only: not shipped
     bare = payload.decode(payload.encode(EnginePayload(1.0, 0, 0, 1, 2)))
     assert (bare.schedule, bare.compile, bare.steps) == ((), (), ())
@@ -128,6 +131,16 @@ def test_engine_payload_refuses_a_step_it_cannot_read(step):
     value = json.loads(payload.encode(EnginePayload(1.0, 0, 0, 1, 2)).replace("NaN", "0"))
     value[-1] = [step]
     assert payload.decode(json.dumps(value).replace("nan", "NaN")) is None
+
+
+@pytest.mark.parametrize("compiled", [[1.0, 2.0, "f.py:f", "0/0", False, False, -1, 1],
+                                      [1.0, float("nan"), "f.py:f", "0/0", False, False, 1, 1],
+                                      [1.0, 2.0, 3, "0/0", False, False, 1, 1],
+                                      [1.0, 2.0, "f.py:f", "0/0", False, False, 1]])
+def test_engine_payload_refuses_a_compile_it_cannot_read(compiled):
+    value = json.loads(payload.encode(EnginePayload(1.0, 0, 0, 1, 2)))
+    value[-2] = [compiled]
+    assert payload.decode(json.dumps(value)) is None
 
 
 def test_a_request_reads_its_events_as_they_come_and_vllms_stats_at_its_end():

@@ -370,7 +370,7 @@ def test_blocked_admission_and_compile_inside_the_first_request(receiver, tiny_m
     compiles = [c for p in parts for c in children(spans, p)
                 if c["name"] == semconv.SPAN_TORCH_COMPILE]
     assert compiles and all(c["attributes"][semconv.ATTR_STAGE] == semconv.STAGE_WARMUP_COMPILE
-                            for c in compiles)
+                            for c in compiles), [c["attributes"] for c in compiles]
     prefill = next(p for p in parts if p["name"] == semconv.SPAN_REQUEST_PREFILL)
     assert all(prefill["start_ns"] <= c["start_ns"] <= c["end_ns"] <= prefill["end_ns"]
                for c in compiles)

@@ -14,6 +14,7 @@ from otel_ttft import semconv
 from otel_ttft.runtime.hooks import request
 from otel_ttft.runtime.hooks.registry import HookSet
 from otel_ttft.runtime.hooks.request import worker
+from otel_ttft.runtime.hooks.request.payload import CompileTime
 from tests.request_engine import params, request_span
 
 pytestmark = [pytest.mark.vllm_import, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -68,16 +69,21 @@ def _async_output(result):
     return Output()
 
 
+def _compiled() -> CompileTime:
+    return CompileTime(1.0, 2.0, "logprobs.py:batched_count_greater_than", "2/0",
+                       recompile=False, model_graph=False, step_tokens=6, step_requests=1)
+
+
 def test_pending_warmup_rides_on_the_async_output_vllm_resolves(worker_proc):
     from vllm.v1.executor.multiproc_executor import WorkerProc
     from vllm.v1.outputs import ModelRunnerOutput
 
-    worker.note_compile(1.0)
+    worker.pending.append(_compiled())
     output = _async_output(ModelRunnerOutput(req_ids=["r"], req_id_to_index={"r": 0}))
     WorkerProc.enqueue_output(worker_proc, output)
     ((status, sent),) = worker_proc.worker_response_mq.items
     assert status == WorkerProc.ResponseStatus.SUCCESS
-    assert [e[0] for e in getattr(sent, worker.WARMUP_ATTR)] == [worker.COMPILE]
+    assert getattr(sent, worker.WARMUP_ATTR) == [_compiled()]
     assert type(output).resolved_in_vllm is True
     assert worker.pending == []
 
@@ -87,7 +93,7 @@ def test_a_failed_async_output_is_vllms_to_report_and_the_times_wait(worker_proc
     path exists only if vLLM, not our wrapper, calls ``get_output``."""
     from vllm.v1.executor.multiproc_executor import WorkerProc
 
-    worker.note_compile(1.0)
+    worker.pending.append(_compiled())
     output = _async_output(RuntimeError("device lost"))
     WorkerProc.enqueue_output(worker_proc, output)
     ((status, detail),) = worker_proc.worker_response_mq.items

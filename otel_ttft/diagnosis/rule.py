@@ -102,6 +102,11 @@ FIXES: dict[str, tuple[str, str]] = {
                                     "(kv-cache memory, gpu-memory-utilization)"),
     semconv.STAGE_WARMUP_ADAPTER: (KEEP_RESIDENT, "keep the adapters resident (more LoRA slots: "
                                    "--max-loras, --max-cpu-loras)"),
+    semconv.STAGE_WARMUP_STEP_COMPILE: (WARM_UP, "warm up what serving compiles before routing "
+                                        "users: after activation send requests with the same "
+                                        "options and shapes (the compile's ttft.compile.frame "
+                                        "and ttft.step.tokens name them); a process compiles "
+                                        "each once"),
     semconv.STAGE_WARMUP_FIRST_USE: (WARM_UP, "warm up the front end after activation: send a "
                                      "few requests through the chat template and tokenizer "
                                      "before routing users to the new model"),

@@ -60,6 +60,17 @@ ATTR_LORA_NAME = "ttft.lora.name"  # the request's LoRA adapter
 ATTR_LORA_ID = "ttft.lora.id"  # the adapter's integer id in vLLM
 ATTR_LORA_LOAD_SECONDS = "ttft.lora.load.seconds"  # set when this request triggered the load
 ATTR_REQUEST_COMPILE_SECONDS = "ttft.request.compile.seconds"  # torch.compile inside this TTFT
+#: on a request's torch.compile (warmup.step_compile): what Dynamo compiled, ``file:function``
+ATTR_COMPILE_FRAME = "ttft.compile.frame"
+ATTR_COMPILE_ID = "ttft.compile.id"  # on a request's torch.compile: Dynamo's id, ``frame/attempt``
+#: on a request's torch.compile: True when Dynamo had compiled that frame before (a guard failed:
+#: a shape, dtype or value it had not seen)
+ATTR_COMPILE_RECOMPILE = "ttft.compile.recompile"
+#: on a request's torch.compile: vLLM's own model graph compiled (its compilation counter moved),
+#: not a helper outside the model
+ATTR_COMPILE_MODEL_GRAPH = "ttft.compile.model_graph"
+ATTR_STEP_TOKENS = "ttft.step.tokens"  # on a request's torch.compile: tokens in the step it ran in
+ATTR_STEP_REQUESTS = "ttft.step.requests"  # on a request's torch.compile: requests in that step
 # A cache of the front end filled inside this request (warmup.first_use): one child span per fill
 #: one child span per front-end cache filled inside a cold request (warmup.first_use)
 SPAN_FIRST_USE = "Front-end first use"

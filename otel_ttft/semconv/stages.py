@@ -23,6 +23,10 @@ STAGE_WARMUP_COMPILE = "warmup.compile"  # torch.compile, with cache hit or miss
 STAGE_WARMUP_GRAPH_CAPTURE = "warmup.graph_capture"
 STAGE_WARMUP_KV_ALLOC = "warmup.kv_alloc"  # KV-cache allocation: blocks, block size, bytes, tokens
 STAGE_WARMUP_ADAPTER = "warmup.adapter"  # LoRA adapter load
+#: a torch.compile paid inside a serving step of something outside vLLM's model graph (a sampler
+#: helper on first use, a recompile after a guard failed), with what compiled and the step's
+#: shape as evidence (vLLM's model compiled in a step is ``warmup.compile``)
+STAGE_WARMUP_STEP_COMPILE = "warmup.step_compile"
 # A cold request's front-end first use: chat-template compile, tokenizer and detokenizer set-up
 #: a cold request's front-end first use: chat-template compile, tokenizer, detokenizer set-up
 STAGE_WARMUP_FIRST_USE = "warmup.first_use"
@@ -55,7 +59,7 @@ ALL_STAGES = (
     STAGE_LOAD, STAGE_LOAD_INIT, STAGE_LOAD_READ, STAGE_LOAD_PROCESS, STAGE_LOAD_H2D,
     STAGE_WARMUP, STAGE_WARMUP_PROCESS_START, STAGE_WARMUP_FRONTEND, STAGE_WARMUP_DEVICE_INIT,
     STAGE_WARMUP_PROFILE, STAGE_WARMUP_COMPILE, STAGE_WARMUP_GRAPH_CAPTURE, STAGE_WARMUP_KV_ALLOC,
-    STAGE_WARMUP_ADAPTER, STAGE_WARMUP_FIRST_USE,
+    STAGE_WARMUP_ADAPTER, STAGE_WARMUP_STEP_COMPILE, STAGE_WARMUP_FIRST_USE,
     STAGE_QUEUE, STAGE_PREFILL, STAGE_PREFILL_WAIT, STAGE_PREFILL_UNCACHED_PREFIX,
     STAGE_FRONTEND, STAGE_NETWORK, STAGE_FIRST_DECODE,
 )

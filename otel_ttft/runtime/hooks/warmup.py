@@ -8,7 +8,6 @@ the profile run, torch.compile) we open ours.
 from __future__ import annotations
 
 import contextlib
-import time
 from typing import Any
 
 from opentelemetry import trace
@@ -111,7 +110,7 @@ def _traced_compile(inner_cm, vllm_config: Any, aot_probe: bool):
         except Exception as exc:  # noqa: BLE001 - ours must not fail the compile
             report_failure(COMPILE, exc)
         try:
-            with _timed_for_requests(inner_cm):
+            with inner_cm:
                 yield
         finally:  # a failed AOT-cache load is a miss worth seeing, so record it too
             if span is not None:
@@ -119,18 +118,6 @@ def _traced_compile(inner_cm, vllm_config: Any, aot_probe: bool):
                     span.set_attributes(_compile_outcome(counter, before, aot_probe))
                 except Exception as exc:  # noqa: BLE001 - bookkeeping must not fail the compile
                     report_failure(COMPILE, exc)
-
-
-@contextlib.contextmanager
-def _timed_for_requests(inner_cm):
-    """Hands the compile's time to the request path, which charges it to the requests that were
-    waiting for their first token meanwhile (none during start-up)."""
-    start = time.monotonic()
-    try:
-        with inner_cm:
-            yield
-    finally:
-        request_worker.note_compile(start)
 
 
 def _compile_outcome(counter: Any, before: Any, aot_probe: bool) -> dict[str, Any]:
@@ -155,16 +142,17 @@ def _wrap_monitor_torch_compile(call, instance, args, kwargs):
     (``VLLM_CPU_CI_ENV=1``) vLLM repeats the probe on every forward, and a span per step would
     flood the trace and tax the hot path.
 
-    The one wrapper on ``monitor_torch_compile``: during start-up a span is current and the
-    compile gets its own span; inside a request's step it gets none (no orphan worker span) and
-    the request path shows it once, in the trees of the requests that waited on it.
+    During start-up a span is current and the compile gets its own span; inside a request's
+    step it gets none (no orphan worker span): the request path times that compile from
+    Dynamo's callbacks (``request.worker``) and shows it in the trees of the requests that
+    waited on it.
     """
     inner = call(*args, **kwargs)
     aot_probe = kwargs.get("announce_start") is False
     if not trace.get_current_span().get_span_context().is_valid:
-        # Not start-up (whose compiles run under the profile run's span): a step of some
-        # request. Timed only, for the requests that waited on it; the AOT probe is not a compile.
-        return inner if aot_probe else _timed_for_requests(inner)
+        # a step of some request (start-up's compiles run under the profile run); the AOT probe
+        # is not a compile
+        return inner if aot_probe else request_worker.model_compile(inner)
     if aot_probe:
         tag = str(kwargs.get("tag", ""))
         if tag in _probed_tags:

@@ -70,6 +70,12 @@ HOOKS: list[Hook] = [
          stage=semconv.STAGE_PREFILL_WAIT, process=WORKER),
     Hook("request.step_sample", f"{_WORKER}.sample_tokens", worker.wrap_sample_tokens,
          stage=semconv.STAGE_PREFILL_WAIT, process=WORKER),
+    Hook("request.step_compile_start",
+         "torch._dynamo.callback:CompilationCallbackHandler.run_start_callbacks",
+         worker.wrap_compile_start, stage=semconv.STAGE_WARMUP_STEP_COMPILE, process=WORKER),
+    Hook("request.step_compile_end",
+         "torch._dynamo.callback:CompilationCallbackHandler.run_end_callbacks",
+         worker.wrap_compile_end, stage=semconv.STAGE_WARMUP_STEP_COMPILE, process=WORKER),
     Hook("request.warmup_ship", "vllm.v1.executor.multiproc_executor:WorkerProc.enqueue_output",
          worker.wrap_enqueue_output, stage=semconv.STAGE_WARMUP_ADAPTER, process=WORKER),
 ]

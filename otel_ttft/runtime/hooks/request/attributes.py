@@ -129,7 +129,7 @@ def _attributes(rec: RequestRecord, eng: EnginePayload | None, ttft: float | Non
             attrs[semconv.ATTR_LORA_LOAD_SECONDS] = adapter[1] - adapter[0]
             attrs[semconv.ATTR_ACTIVATION_KIND] = "adapter"
     if eng is not None and eng.compile:
-        attrs[semconv.ATTR_REQUEST_COMPILE_SECONDS] = sum(e - s for s, e in eng.compile)
+        attrs[semconv.ATTR_REQUEST_COMPILE_SECONDS] = sum(c.end - c.start for c in eng.compile)
     if eng is not None and eng.steps:
         attrs.update(step_evidence(eng.steps))
         waited = sum(s.wall - s.cpu for s in eng.steps if thresholds.step_waited(s.wall, s.cpu))

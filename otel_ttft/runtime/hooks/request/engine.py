@@ -10,8 +10,8 @@ output while some request is between arrival and its first output, and a truth t
 
 These ride back to the API process as the ``payload`` of the request's first ``EngineCoreOutput``.
 
-Warm-up paid inside a request (a LoRA adapter loaded lazily, or a torch.compile that start-up
-skipped, e.g. ``VLLM_CPU_CI_ENV=1``) is timed in the worker (``worker``) and charged here to the
+Warm-up paid inside a request (a LoRA adapter loaded lazily, a torch.compile of something
+start-up did not compile) is timed in the worker (``worker``) and charged here to the
 requests that were waiting for their first token when it started (adapter loads: only those with
 that adapter). Warm-up before any request was queued is thereby never charged to one. Steps a CPU
 worker timed (wall against its thread's CPU time) go to the requests whose prefill they ran.
@@ -127,16 +127,18 @@ def wrap_update_from_output(call: Any, instance: Any, args: tuple, kwargs: dict)
     return outputs
 
 
-def _charge_warmup(events: list[tuple[str, int, float, float]]) -> None:
-    """Each warm-up interval goes to the requests already queued when it started."""
-    for kind, lora_id, start, end in events:
+def _charge_warmup(events: list[payload.AdapterLoad | payload.CompileTime]) -> None:
+    """Each warm-up interval goes to the requests already queued when it started (an adapter's
+    load: only to those for that adapter)."""
+    for event in events:
         for st in _state.values():
-            if st.queued > start:
+            if st.queued > event.start:
                 continue
-            if kind == worker.ADAPTER and st.lora_id == lora_id:
-                st.adapter = (start, end)
-            elif kind == worker.COMPILE:
-                st.compile.append((start, end))
+            if isinstance(event, payload.AdapterLoad):
+                if st.lora_id == event.lora_id:
+                    st.adapter = (event.start, event.end)
+            elif len(st.compile) < 16:
+                st.compile.append(event)
 
 
 def _charge_steps(timed: list[worker.PrefillStep]) -> None:

@@ -18,7 +18,7 @@ from typing import Annotated
 
 import msgspec
 
-VERSION = 2
+VERSION = 3
 SCHEDULED, PREEMPTED = "S", "P"  # schedule event kinds (same letters as ``timeline``)
 
 
@@ -34,6 +34,37 @@ class StepTime(msgspec.Struct, array_like=True, frozen=True):
     """Seconds the worker's calls for the step took (``end - start`` less the gap between them)."""
     cpu: float
     """Seconds of CPU the worker thread got within them (``time.thread_time()``)."""
+
+
+class CompileTime(msgspec.Struct, array_like=True, frozen=True):
+    """One torch.compile a worker paid inside serving, from Dynamo's start to its end."""
+
+    start: float
+    """When Dynamo began (``time.monotonic()``)."""
+    end: float
+    """When it was done (the backend's compile included)."""
+    frame: str
+    """What Dynamo compiled, ``file:function`` (empty where it could not be read)."""
+    compile_id: str
+    """Dynamo's id for it, ``frame/attempt``."""
+    recompile: bool
+    """The frame had been compiled before (attempt > 0): a guard failed."""
+    model_graph: bool
+    """vLLM's own model graph was compiled (inside vLLM's ``monitor_torch_compile``), not a
+    helper outside the model."""
+    step_tokens: int
+    """Tokens scheduled in the step it ran in."""
+    step_requests: int
+    """Requests in that step."""
+
+
+class AdapterLoad(msgspec.Struct, array_like=True, frozen=True):
+    """One LoRA adapter load a worker paid inside serving."""
+
+    start: float
+    end: float
+    lora_id: int
+    """The adapter's ``lora_int_id``: only requests for it waited on the load."""
 
 
 @dataclass(slots=True)
@@ -57,9 +88,9 @@ class EnginePayload:
     (read in the API process: ``()`` when empty)."""
     adapter: tuple[float, float] | None = None
     """(start, end) of a LoRA adapter load it waited for."""
-    compile: list[tuple[float, float]] | tuple[()] = field(default_factory=list)
-    """(start, end) of each torch.compile paid inside its wait for the first token (read in the
-    API process: ``()`` when empty)."""
+    compile: list[CompileTime] | tuple[()] = field(default_factory=list)
+    """Each torch.compile paid inside its wait for the first token, with what compiled (read in
+    the API process: ``()`` when empty)."""
     steps: list[StepTime] | tuple[()] = field(default_factory=list)
     """The worker steps that ran its prefill, timed on a CPU worker (read in the API process:
     ``()`` when empty)."""
@@ -91,7 +122,7 @@ class _Wire(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     total: _Count
     schedule: list[tuple[str, _Time]]
     adapter: _Interval | None
-    compile: list[_Interval]
+    compile: list[CompileTime]
     steps: list[StepTime]
 
 
@@ -112,7 +143,10 @@ def decode(value: str) -> EnginePayload | None:
     for kind, ts in w.schedule:
         if (kind != SCHEDULED and kind != PREEMPTED) or not isfinite(ts):
             return None
-    for start, end in w.compile if w.adapter is None else [w.adapter, *w.compile]:
+    if any(c.step_tokens < 0 or c.step_requests < 0 for c in w.compile):
+        return None
+    intervals = [(c.start, c.end) for c in w.compile]
+    for start, end in intervals if w.adapter is None else [w.adapter, *intervals]:
         if not (isfinite(start) and isfinite(end)):
             return None
     for step in w.steps:

@@ -25,7 +25,7 @@ from otel_ttft.runtime.hooks.request.attributes import (
     span_attributes,
     step_evidence,
 )
-from otel_ttft.runtime.hooks.request.payload import EnginePayload
+from otel_ttft.runtime.hooks.request.payload import CompileTime, EnginePayload
 from otel_ttft.runtime.hooks.request.state import RequestRecord
 from otel_ttft.runtime.hooks.request.timeline import (
     PREEMPTED,
@@ -183,11 +183,25 @@ def _warmup_spans(eng: EnginePayload | None, fills: list[first_use.Fill] = ()
                           {semconv.ATTR_FIRST_USE_CACHE: label}) for s, e, label in fills]
     if eng is None:
         return out
-    out += [(semconv.SPAN_TORCH_COMPILE, semconv.STAGE_WARMUP_COMPILE, s, e, {})
-            for s, e in eng.compile]
+    # vLLM's model compiled in a step (start-up skipped its warm-up) is the model's compile;
+    # anything else Dynamo compiled there is what serving alone reached
+    out += [(semconv.SPAN_TORCH_COMPILE, semconv.STAGE_WARMUP_COMPILE if c.model_graph
+             else semconv.STAGE_WARMUP_STEP_COMPILE, c.start, c.end, compile_evidence(c))
+            for c in eng.compile]
     if eng.adapter is not None:
         out.append((semconv.SPAN_ADAPTER_LOAD, semconv.STAGE_WARMUP_ADAPTER, *eng.adapter, {}))
     return out
+
+
+def compile_evidence(c: CompileTime) -> dict[str, Any]:
+    """What a compile inside a step compiled, and that step's shape."""
+    attrs: dict[str, Any] = {
+        semconv.ATTR_COMPILE_ID: c.compile_id, semconv.ATTR_COMPILE_RECOMPILE: c.recompile,
+        semconv.ATTR_COMPILE_MODEL_GRAPH: c.model_graph,
+        semconv.ATTR_STEP_TOKENS: c.step_tokens, semconv.ATTR_STEP_REQUESTS: c.step_requests}
+    if c.frame:
+        attrs[semconv.ATTR_COMPILE_FRAME] = c.frame
+    return attrs
 
 
 def wait_spans(eng: EnginePayload | None) -> list[Warmup]:

@@ -1,11 +1,18 @@
 """Worker side of the request path: warm-up paid inside a step (a LoRA adapter loaded lazily, a
-torch.compile that start-up skipped, e.g. ``VLLM_CPU_CI_ENV=1``) is timed here and handed to
-EngineCore with the step's output: as an attribute of the next pickled ``ModelRunnerOutput``
-(multiproc executor), or in-process with one worker. ``engine`` charges it to the requests that
-were waiting for their first token when it started.
+torch.compile of something start-up did not compile) is timed here and handed to EngineCore with
+the step's output: as an attribute of the next pickled ``ModelRunnerOutput`` (multiproc
+executor), or in-process with one worker. ``engine`` charges it to the requests that were waiting
+for their first token when it started.
 
-Compiles are timed by the one ``monitor_torch_compile`` wrapper (``hooks.warmup``), which calls
-:func:`note_compile`.
+Compiles: torch's Dynamo runs its compile callbacks around every outermost compile
+(``CompilationCallbackHandler.run_start_callbacks`` / ``run_end_callbacks``); once this worker has
+run a step, each compile is noted with what Dynamo compiled (the code object it was handed),
+whether it is a recompile (Dynamo's attempt number), whether it was vLLM's own model graph
+(inside vLLM's ``monitor_torch_compile`` bracket, which ``hooks.warmup`` hands to
+:func:`model_compile`: the request then shows ``warmup.compile``, else ``warmup.step_compile``)
+and the shape of the latest step. Nothing runs per step for it but one
+assignment; start-up's compiles come before the first step and keep their own spans
+(``hooks.warmup``).
 
 Contention: a step that runs some request's prefill on a CPU worker is timed twice, on the wall
 clock and on the worker thread's CPU clock (``time.thread_time()``), over ``Worker.execute_model``
@@ -18,29 +25,97 @@ contention and no step is timed. Per step with no prefill in it: two truth tests
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import time
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from otel_ttft.runtime.hooks.request.payload import StepTime
+from otel_ttft.runtime.hooks.request.payload import AdapterLoad, CompileTime, StepTime
 
 WARMUP_ATTR = "_otel_ttft_warmup"
 STEPS_ATTR = "_otel_ttft_steps"
-ADAPTER, COMPILE = "a", "c"
 
-# (ADAPTER|COMPILE, lora_int_id, start, end) timed in this process, not yet shipped
-pending: list[tuple[str, int, float, float]] = []
+# warm-up timed in this process, not yet shipped
+pending: list[AdapterLoad | CompileTime] = []
 
 
-def _note(kind: str, lora_id: int, start: float) -> None:
-    pending.append((kind, lora_id, start, time.monotonic()))
+def _keep(event: AdapterLoad | CompileTime) -> None:
+    pending.append(event)
     del pending[:-64]
 
 
-def note_compile(start: float) -> None:
-    """A compile inside a step ran from ``start`` until now."""
-    _note(COMPILE, 0, start)
+@dataclass(slots=True)
+class _Compiling:
+    start: float
+    compile_id: str
+    frame: str
+    model_graph: bool
+
+
+_last_step: Any = None  # the latest step's SchedulerOutput (None: no step yet, start-up)
+_compiling: _Compiling | None = None
+_model_compiles = 0  # vLLM's model-compile brackets open now
+
+
+def _compiled_frame() -> str:
+    """``file:function`` of the code Dynamo was handed, found on the stack of the start
+    callback (its compile loop holds it as ``code``); empty when not found."""
+    frame = sys._getframe(2)
+    for _ in range(16):
+        if frame is None:
+            break
+        code = frame.f_locals.get("code") if frame.f_code.co_filename.endswith(
+            "convert_frame.py") else None
+        if isinstance(code, types.CodeType):
+            return f"{os.path.basename(code.co_filename)}:{code.co_name}"
+        frame = frame.f_back
+    return ""
+
+
+@contextlib.contextmanager
+def model_compile(inner_cm: Any) -> Iterator[None]:
+    """vLLM's own bracket around its model's compile (``monitor_torch_compile``), entered in a
+    step: a Dynamo compile inside it is the model graph's."""
+    global _model_compiles
+    _model_compiles += 1
+    try:
+        with inner_cm:
+            yield
+    finally:
+        _model_compiles -= 1
+
+
+def wrap_compile_start(call: Callable[..., Any], instance: Any, args: tuple,
+                       kwargs: dict) -> Any:
+    """``CompilationCallbackHandler.run_start_callbacks``: an outermost Dynamo compile begins."""
+    global _compiling
+    if _last_step is not None:
+        callback_args = args[0] if args else kwargs["args"]
+        _compiling = _Compiling(time.monotonic(), str(callback_args.compile_id),
+                                _compiled_frame(), _model_compiles > 0)
+    return call(*args, **kwargs)
+
+
+def wrap_compile_end(call: Callable[..., Any], instance: Any, args: tuple,
+                     kwargs: dict) -> Any:
+    """``CompilationCallbackHandler.run_end_callbacks``: that compile is done."""
+    global _compiling
+    try:
+        return call(*args, **kwargs)
+    finally:
+        started, _compiling = _compiling, None
+        if started is not None:
+            attempt = started.compile_id.rpartition("/")[2]
+            step = _last_step
+            _keep(CompileTime(
+                started.start, time.monotonic(), started.frame, started.compile_id,
+                attempt.isdigit() and int(attempt) > 0, started.model_graph,
+                int(getattr(step, "total_num_scheduled_tokens", 0) or 0),
+                len(getattr(step, "num_scheduled_tokens", None) or ())))
 
 
 @dataclass(slots=True)
@@ -68,7 +143,7 @@ _open: _OpenStep | None = None  # the step whose sample_tokens is still to come
 _cpu_worker: bool | None = None  # the worker's device is a CPU (None: not known yet)
 
 
-def take_local() -> list[tuple[str, int, float, float]] | None:
+def take_local() -> list[AdapterLoad | CompileTime] | None:
     """What is pending, taken (uniproc executor: EngineCore reads it in-process)."""
     if not pending:
         return None
@@ -142,9 +217,11 @@ def _timed(call: Callable[..., Any], args: tuple, kwargs: dict, step: _OpenStep)
 def wrap_execute_model(call: Callable[..., Any], instance: Any, args: tuple,
                        kwargs: dict) -> Any:
     """``Worker.execute_model``: a step with a prefill in it is timed (on a CPU worker)."""
+    global _last_step
+    _last_step = args[0] if args else kwargs["scheduler_output"]
     if _open is not None:  # the previous step had no sample_tokens call (pooling, no tokens)
         _close_step()
-    scheduler_output = args[0] if args else kwargs["scheduler_output"]
+    scheduler_output = _last_step
     if not scheduler_output.scheduled_new_reqs and not _prefilling:
         return call(*args, **kwargs)
     if not _is_cpu_worker(instance):
@@ -182,7 +259,7 @@ def wrap_load_adapter(call: Callable[..., Any], instance: Any, args: tuple,
     start = time.monotonic()
     result = call(*args, **kwargs)
     lora_request = args[0] if args else kwargs["lora_request"]
-    _note(ADAPTER, lora_request.lora_int_id, start)
+    _keep(AdapterLoad(start, time.monotonic(), lora_request.lora_int_id))
     return result
 
 
