@@ -12,8 +12,9 @@ import pytest
 from otel_ttft import semconv
 from otel_ttft.diagnosis import rule, thresholds
 from otel_ttft.runtime.hooks.request import engine, worker
-from otel_ttft.runtime.hooks.request.attributes import step_evidence
-from otel_ttft.runtime.hooks.request.payload import EnginePayload, StepTime
+from otel_ttft.runtime.hooks.request.attributes import named_waits, step_evidence
+from otel_ttft.runtime.hooks.request.payload import EnginePayload, EngineWait, StepTime
+from otel_ttft.runtime.hooks.request.runqueue import RunQueueClock
 from otel_ttft.runtime.hooks.request.spans import wait_spans
 
 pytestmark = pytest.mark.vllm_import
@@ -139,3 +140,67 @@ def test_every_platforms_worker_runs_its_steps_through_the_hooked_worker_methods
             assert getattr(cls, method) is getattr(Worker, method), (name, method)
         checked += 1
     assert checked >= 1  # the CPU worker, at least, is checked here
+
+
+def test_an_engine_steps_run_queue_wait_is_named_and_one_wait_is_never_counted_twice():
+    # EngineCore's thread waited 0.9 s in a 1 s step; the worker's step inside it read 0.5 s of
+    # the same wait (its wall against its CPU): one wait of 0.9 s, with both readings.
+    inner = StepTime(20.2, 20.9, wall=0.7, cpu=0.2)
+    outside = StepTime(30.0, 30.5, wall=0.5, cpu=0.1)  # another process's worker step
+    eng = EnginePayload(9.0, 0, 0, 1, 2, steps=[inner, outside],
+                        engine_waits=[EngineWait(20.0, 21.0, queued=0.9),
+                                      EngineWait(25.0, 25.01, queued=0.0012)])  # jitter
+    first, second = named_waits(eng)
+    assert (first.end, first.seconds) == (21.0, 0.9)
+    assert first.evidence[semconv.ATTR_STEP_QUEUED_SECONDS] == 0.9
+    assert first.evidence[semconv.ATTR_STEP_WALL_SECONDS] == 0.7
+    assert (second.end, second.seconds) == (30.5, pytest.approx(0.4))
+    # Clipped at the first token: the span never leaves Prefill.
+    (span, _) = wait_spans(eng, limit=20.95)
+    assert span[3] == 20.95 and span[3] - span[2] == pytest.approx(0.9)
+    # The worker's reading is the larger one: it stands (a stopped process is not queued).
+    stopped = StepTime(40.1, 41.3, wall=1.2, cpu=0.01)
+    eng = EnginePayload(9.0, 0, 0, 1, 2, steps=[stopped],
+                        engine_waits=[EngineWait(40.0, 41.4, queued=0.002)])
+    ((wait),) = named_waits(eng)
+    assert wait.seconds == pytest.approx(1.19)
+
+
+def test_the_run_queue_clock_reads_this_threads_wait_and_follows_the_thread():
+    import threading
+
+    clock = RunQueueClock()
+    first = clock.seconds()
+    if first is None:
+        pytest.skip("no /proc/thread-self/schedstat on this kernel")
+    assert clock.seconds() >= first
+
+    def own() -> float:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+
+    seen = []
+
+    def other_thread() -> None:  # the clock reads the thread that asks, not the one that opened
+        seen.append((own(), clock.seconds(), own()))
+
+    t = threading.Thread(target=other_thread)
+    t.start()
+    t.join()
+    ((before, read, after),) = seen
+    assert before <= read <= after
+    clock.close()
+
+
+def test_engine_charges_its_own_wait_to_the_requests_the_step_ran(monkeypatch):
+    monkeypatch.setattr(engine, "_state", {"a": EnginePayload(1.0, 0, 0, 1, 2),
+                                           "b": EnginePayload(1.0, 0, 0, 1, 2)})
+    scheduled = SimpleNamespace(num_scheduled_tokens={"a": 5, "gone": 3})
+    now = engine._run_queue_mark()
+    if now is None:
+        pytest.skip("no /proc/thread-self/schedstat on this kernel")
+    mark = engine._charge_engine_wait((now[0] - 1.0, now[1] - 0.5), scheduled)
+    (wait,) = engine._state["a"].engine_waits
+    assert wait.queued >= 0.5 and wait.end - wait.start >= 1.0
+    assert engine._state["b"].engine_waits == []
+    assert mark is not None and mark[0] >= wait.end

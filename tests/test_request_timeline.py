@@ -116,21 +116,31 @@ def test_engine_payload_round_trip():
                                    step_requests=2)
     st.compile = [compiled]
     st.steps = [payload.StepTime(124.5, 125.6, wall=1.05, cpu=0.004)]
+    st.engine_waits = [payload.EngineWait(124.4, 125.7, queued=0.9)]
     got = payload.decode(payload.encode(st))
     assert got == EnginePayload(123.25, waiting=7, running=4, free=3, total=6, attempts=5,
                                 schedule=st.schedule, adapter=(123.6, 123.7),
-                                compile=[compiled], steps=st.steps)
+                                compile=[compiled], steps=st.steps,
+                                engine_waits=st.engine_waits)
     assert got.lora_id == 0  # EngineCore-side only: not shipped
     bare = payload.decode(payload.encode(EnginePayload(1.0, 0, 0, 1, 2)))
-    assert (bare.schedule, bare.compile, bare.steps) == ((), (), ())
+    assert (bare.schedule, bare.compile, bare.steps, bare.engine_waits) == ((), (), (), ())
 
 
 @pytest.mark.parametrize("step", [[1.0, 2.0, 1.0, -0.5], [1.0, 2.0, float("nan"), 0.0],
                                   [1.0, 2.0, 1.0], "x"])
 def test_engine_payload_refuses_a_step_it_cannot_read(step):
     value = json.loads(payload.encode(EnginePayload(1.0, 0, 0, 1, 2)).replace("NaN", "0"))
-    value[-1] = [step]
+    value[-2] = [step]
     assert payload.decode(json.dumps(value).replace("nan", "NaN")) is None
+
+
+@pytest.mark.parametrize("wait", [[1.0, 2.0, -0.1], [1.0, 2.0, float("inf")], [1.0, 2.0],
+                                  "x"])
+def test_engine_payload_refuses_an_engine_wait_it_cannot_read(wait):
+    value = json.loads(payload.encode(EnginePayload(1.0, 0, 0, 1, 2)))
+    value[-1] = [wait]
+    assert payload.decode(json.dumps(value)) is None
 
 
 @pytest.mark.parametrize("compiled", [[1.0, 2.0, "f.py:f", "0/0", False, False, -1, 1],
@@ -139,7 +149,7 @@ def test_engine_payload_refuses_a_step_it_cannot_read(step):
                                       [1.0, 2.0, "f.py:f", "0/0", False, False, 1]])
 def test_engine_payload_refuses_a_compile_it_cannot_read(compiled):
     value = json.loads(payload.encode(EnginePayload(1.0, 0, 0, 1, 2)))
-    value[-2] = [compiled]
+    value[-3] = [compiled]
     assert payload.decode(json.dumps(value)) is None
 
 

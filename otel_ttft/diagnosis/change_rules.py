@@ -395,9 +395,10 @@ def _placement(b: Builder) -> None:
     wait = ev.p50(semconv.STAGE_PREFILL_WAIT)
     names = sorted(n for n in (ev.vocab.env if ev.vocab else ()) if _CPU_BINDING.match(n))
     where = (" (" + ", ".join(names) + ")") if names else ""
-    b.add("cpu-placement", f"the worker waited {wait:.3f} s for a CPU inside its prefill steps "
-          f"(its thread ran for less than the step's wall time): give each server CPUs of its "
-          f"own{where}, or move what else runs there", models=[],
+    b.add("cpu-placement", f"EngineCore or its worker waited {wait:.3f} s for a CPU inside "
+          f"the prefill steps (on the kernel's run queue, or its thread ran for less than the "
+          f"step's wall time): give each server CPUs of its own{where}, or move what else runs "
+          f"there", models=[],
           stage=semconv.STAGE_PREFILL_WAIT)
 
 

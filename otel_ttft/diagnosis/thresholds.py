@@ -41,3 +41,10 @@ def step_waited(wall_s: float, cpu_s: float) -> bool:
     """Whether a step whose worker thread got ``cpu_s`` of ``wall_s`` waited for a CPU."""
     return (wall_s - cpu_s >= STEP_WAIT_MIN_SECONDS
             and cpu_s <= STEP_WAIT_MAX_CPU_RATIO * wall_s)
+
+
+def engine_waited(window_s: float, queued_s: float) -> bool:
+    """Whether EngineCore's thread, runnable for ``queued_s`` without a CPU within a step window
+    of ``window_s``, waited for a CPU: the same bars as :func:`step_waited`."""
+    return (queued_s >= STEP_WAIT_MIN_SECONDS
+            and queued_s >= (1.0 - STEP_WAIT_MAX_CPU_RATIO) * window_s)

@@ -85,6 +85,10 @@ ATTR_STEP_WALL_SECONDS = "ttft.step.wall.seconds"
 ATTR_STEP_CPU_SECONDS = "ttft.step.cpu.seconds"
 #: 0..1, on Prefill wait and the request: CPU seconds over wall seconds of those steps
 ATTR_STEP_CPU_RATIO = "ttft.step.cpu_ratio"
+#: s, on Prefill wait and the request: time EngineCore's thread was runnable and had no CPU (the
+#: kernel's run-queue delay) within the steps that ran this prefill: it sees waits outside the
+#: worker's calls, and a thread that spins while another of its process waits
+ATTR_STEP_QUEUED_SECONDS = "ttft.step.queued.seconds"
 #: s, on the request: time its prefill steps waited for a CPU (named as prefill.wait)
 ATTR_REQUEST_WAIT_SECONDS = "ttft.request.wait.seconds"
 ATTR_REQUEST_FIRST_USE_SECONDS = "ttft.request.first_use.seconds"  # s of fills inside this TTFT

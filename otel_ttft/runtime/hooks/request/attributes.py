@@ -5,6 +5,7 @@ compile and activation bookkeeping, and content only when capture is opted in.""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from otel_ttft import semconv
@@ -65,6 +66,40 @@ def step_evidence(steps: list[StepTime] | tuple[()]) -> dict[str, float]:
     # One thread cannot run longer than the wall: a ratio over 1 is the two clocks' granularity.
     return {semconv.ATTR_STEP_WALL_SECONDS: wall, semconv.ATTR_STEP_CPU_SECONDS: cpu,
             semconv.ATTR_STEP_CPU_RATIO: min(cpu / wall, 1.0) if wall > 0 else 1.0}
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Time a request's prefill waited for a CPU, ending at ``end``, with its evidence."""
+
+    end: float
+    seconds: float
+    evidence: dict[str, float]
+
+
+def named_waits(eng: EnginePayload | None) -> list[Wait]:
+    """The waits for a CPU a request's prefill had, step by step: EngineCore's run-queue wait
+    over an engine step, or its worker's wall against CPU time for a step inside it, whichever
+    is longer (two readings of one wait, never added); a worker's step outside every engine
+    step (another process's worker) on its own. Only waits past the thresholds."""
+    if eng is None or not (eng.steps or eng.engine_waits):
+        return []
+    out: list[Wait] = []
+    used: set[int] = set()
+    for e in eng.engine_waits:
+        inside = [i for i, s in enumerate(eng.steps) if e.start <= s.start and s.end <= e.end]
+        used.update(inside)
+        steps = [eng.steps[i] for i in inside]
+        worker = sum(s.wall - s.cpu for s in steps if thresholds.step_waited(s.wall, s.cpu))
+        queued = e.queued if thresholds.engine_waited(e.end - e.start, e.queued) else 0.0
+        if worker or queued:
+            evidence = {**(step_evidence(steps) if steps else {}),
+                        semconv.ATTR_STEP_QUEUED_SECONDS: e.queued}
+            out.append(Wait(e.end, min(max(queued, worker), e.end - e.start), evidence))
+    for i, s in enumerate(eng.steps):
+        if i not in used and thresholds.step_waited(s.wall, s.cpu):
+            out.append(Wait(s.end, s.wall - s.cpu, step_evidence([s])))
+    return out
 
 
 _CHAT_PREFIXES = ("chatcmpl-", "resp-")  # vLLM's request ids: chat completions, responses
@@ -132,9 +167,11 @@ def _attributes(rec: RequestRecord, eng: EnginePayload | None, ttft: float | Non
         attrs[semconv.ATTR_REQUEST_COMPILE_SECONDS] = sum(c.end - c.start for c in eng.compile)
     if eng is not None and eng.steps:
         attrs.update(step_evidence(eng.steps))
-        waited = sum(s.wall - s.cpu for s in eng.steps if thresholds.step_waited(s.wall, s.cpu))
-        if waited:
-            attrs[semconv.ATTR_REQUEST_WAIT_SECONDS] = waited
+    if eng is not None and eng.engine_waits:
+        attrs[semconv.ATTR_STEP_QUEUED_SECONDS] = sum(e.queued for e in eng.engine_waits)
+    waited = sum(w.seconds for w in named_waits(eng))
+    if waited:
+        attrs[semconv.ATTR_REQUEST_WAIT_SECONDS] = waited
     act = rec.activation
     if act is not None:
         attrs[semconv.ATTR_REQUEST_ACTIVATION_INDEX] = rec.cold_index

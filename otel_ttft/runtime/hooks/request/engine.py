@@ -14,7 +14,9 @@ Warm-up paid inside a request (a LoRA adapter loaded lazily, a torch.compile of 
 start-up did not compile) is timed in the worker (``worker``) and charged here to the
 requests that were waiting for their first token when it started (adapter loads: only those with
 that adapter). Warm-up before any request was queued is thereby never charged to one. Steps a CPU
-worker timed (wall against its thread's CPU time) go to the requests whose prefill they ran.
+worker timed (wall against its thread's CPU time) go to the requests whose prefill they ran, and
+so does EngineCore's own wait for a CPU within a step (``runqueue``), read at ``schedule`` and
+after ``update_from_output`` while some request waits for its first token.
 """
 
 from __future__ import annotations
@@ -26,12 +28,16 @@ from typing import Any
 from otel_ttft import semconv
 from otel_ttft.runtime.hooks.request import payload, worker
 from otel_ttft.runtime.hooks.request.payload import PREEMPTED, SCHEDULED, EnginePayload
+from otel_ttft.runtime.hooks.request.runqueue import RunQueueClock
 
 _MAX_TRACKED = 65536
 
 # request_id -> what EngineCore noted, from arrival at the scheduler until its first output
 _state: dict[str, EnginePayload] = {}
 _own_admission_times = False  # some scheduler here runs with vLLM's stats logging off
+_run_queue = RunQueueClock()  # EngineCore's thread: its wait for a CPU
+_step_start: tuple[float, float] | None = None  # (monotonic, run-queue seconds) at schedule()
+_ENGINE_WAIT_MIN_S = 0.001  # shorter waits are not shipped (the verdict's bar is higher)
 
 
 def _evict() -> None:
@@ -74,6 +80,9 @@ def wrap_prefix_lookup(call: Any, instance: Any, args: tuple, kwargs: dict) -> A
 # --- Scheduler.schedule: admission times, only when vLLM records no events -----------------------
 
 def wrap_schedule(call: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    global _step_start
+    if _state and _step_start is None:  # a request waits for its first token: time the steps
+        _step_start = _run_queue_mark()
     if instance.log_stats or not _own_admission_times or not _state:
         return call(*args, **kwargs)  # vLLM stamps the events itself
     scheduled_at = time.monotonic()  # what vLLM stamps its SCHEDULED events with
@@ -106,9 +115,14 @@ def wrap_preempt_request(call: Callable[..., Any], instance: Any, args: tuple,
 def wrap_update_from_output(call: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """Each request's first output carries what EngineCore noted (``payload``), and warm-up a
     worker timed is charged to the requests waiting for their first token."""
+    global _step_start
     outputs = call(*args, **kwargs)
     if not _state and not worker.pending and not worker.steps:
+        _step_start = None
         return outputs
+    if _step_start is not None:
+        scheduled = args[0] if args else kwargs["scheduler_output"]
+        _step_start = _charge_engine_wait(_step_start, scheduled)
     runner_output = args[1] if len(args) > 1 else kwargs.get("model_runner_output")
     events = getattr(runner_output, worker.WARMUP_ATTR, None) or worker.take_local()
     if events:
@@ -124,6 +138,8 @@ def wrap_update_from_output(call: Any, instance: Any, args: tuple, kwargs: dict)
             headers = dict(out.trace_headers) if out.trace_headers else {}
             headers[semconv.ENGINE_PAYLOAD_HEADER] = payload.encode(st)
             out.trace_headers = headers
+    if not _state:
+        _step_start = None
     return outputs
 
 
@@ -139,6 +155,28 @@ def _charge_warmup(events: list[payload.AdapterLoad | payload.CompileTime]) -> N
                     st.adapter = (event.start, event.end)
             elif len(st.compile) < 16:
                 st.compile.append(event)
+
+
+def _run_queue_mark() -> tuple[float, float] | None:
+    queued = _run_queue.seconds()
+    return (time.monotonic(), queued) if queued is not None else None
+
+
+def _charge_engine_wait(started: tuple[float, float], scheduler_output: Any
+                        ) -> tuple[float, float] | None:
+    """EngineCore's wait for a CPU since ``started`` (this step, and the loop's work since the
+    previous one) goes to the requests the step ran that still wait for their first token.
+    Returns where the next step's window starts (``None``: none waits, or no clock)."""
+    mark = _run_queue_mark()
+    if mark is None:
+        return None
+    if mark[1] - started[1] >= _ENGINE_WAIT_MIN_S:
+        wait = payload.EngineWait(started[0], mark[0], mark[1] - started[1])
+        for rid in scheduler_output.num_scheduled_tokens:
+            st = _state.get(rid)
+            if st is not None and len(st.engine_waits) < 64:
+                st.engine_waits.append(wait)
+    return mark
 
 
 def _charge_steps(timed: list[worker.PrefillStep]) -> None:

@@ -36,6 +36,16 @@ class StepTime(msgspec.Struct, array_like=True, frozen=True):
     """Seconds of CPU the worker thread got within them (``time.thread_time()``)."""
 
 
+class EngineWait(msgspec.Struct, array_like=True, frozen=True):
+    """One engine step, from ``Scheduler.schedule`` to the end of ``update_from_output``, and how
+    long EngineCore's thread waited on the kernel's run queue within it."""
+
+    start: float
+    end: float
+    queued: float
+    """Seconds the thread was runnable and had no CPU (``runqueue``)."""
+
+
 class CompileTime(msgspec.Struct, array_like=True, frozen=True):
     """One torch.compile a worker paid inside serving, from Dynamo's start to its end."""
 
@@ -94,15 +104,18 @@ class EnginePayload:
     steps: list[StepTime] | tuple[()] = field(default_factory=list)
     """The worker steps that ran its prefill, timed on a CPU worker (read in the API process:
     ``()`` when empty)."""
+    engine_waits: list[EngineWait] | tuple[()] = field(default_factory=list)
+    """The engine steps that ran its prefill and in which EngineCore's thread waited for a CPU
+    (read in the API process: ``()`` when empty)."""
     lora_id: int = 0
     """Its adapter's ``lora_int_id`` (0: none). EngineCore-side only: not shipped."""
 
 
 def encode(p: EnginePayload) -> str:
     """The header value: ``[VERSION, queued, attempts, waiting, running, free, total, schedule,
-    adapter, compile, steps]`` as compact JSON."""
+    adapter, compile, steps, engine_waits]`` as compact JSON."""
     return _encode(_Wire(VERSION, p.queued, p.attempts, p.waiting, p.running, p.free, p.total,
-                         p.schedule, p.adapter, p.compile, p.steps)).decode()
+                         p.schedule, p.adapter, p.compile, p.steps, p.engine_waits)).decode()
 
 
 _Count = Annotated[int, msgspec.Meta(ge=0)]
@@ -124,6 +137,7 @@ class _Wire(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     adapter: _Interval | None
     compile: list[CompileTime]
     steps: list[StepTime]
+    engine_waits: list[EngineWait]
 
 
 _encode = msgspec.json.Encoder().encode
@@ -153,7 +167,12 @@ def decode(value: str) -> EnginePayload | None:
         if not (isfinite(step.start) and isfinite(step.end) and isfinite(step.wall)
                 and isfinite(step.cpu) and step.cpu >= 0 and step.wall >= 0):
             return None
+    for wait in w.engine_waits:
+        if not (isfinite(wait.start) and isfinite(wait.end) and isfinite(wait.queued)
+                and wait.queued >= 0):
+            return None
     # Empty lists as the empty tuple (the usual case: vLLM stamps its own events, nothing
     # compiled): the API process keeps a payload as long as its request, untracked by the GC.
     return EnginePayload(w.queued, w.waiting, w.running, w.free, w.total, w.attempts,
-                         w.schedule or (), w.adapter, w.compile or (), w.steps or ())
+                         w.schedule or (), w.adapter, w.compile or (), w.steps or (),
+                         w.engine_waits or ())

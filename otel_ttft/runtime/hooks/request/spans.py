@@ -15,15 +15,14 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from otel_ttft import semconv
-from otel_ttft.diagnosis import thresholds
 from otel_ttft.runtime import clock
 from otel_ttft.runtime.hooks import activation_verdict, first_use
 from otel_ttft.runtime.hooks.request import detail as request_detail
 from otel_ttft.runtime.hooks.request import metrics as request_metrics
 from otel_ttft.runtime.hooks.request.attributes import (
+    named_waits,
     operation_name,
     span_attributes,
-    step_evidence,
 )
 from otel_ttft.runtime.hooks.request.payload import CompileTime, EnginePayload
 from otel_ttft.runtime.hooks.request.state import RequestRecord
@@ -119,7 +118,7 @@ def emit_request(rec: RequestRecord, now: float) -> None:
     warmup = _warmup_spans(eng, fills)
     if warmup:
         rec.cold = True  # it waited for warm-up work (a compile, its adapter's load, a cache)
-    waits = wait_spans(eng)
+    waits = wait_spans(eng, rec.first_tok)
     error = rec.rejected or rec.error
     headers = rec.trace_headers
     caller, context, kind = parent_context(
@@ -204,17 +203,14 @@ def compile_evidence(c: CompileTime) -> dict[str, Any]:
     return attrs
 
 
-def wait_spans(eng: EnginePayload | None) -> list[Warmup]:
-    """``prefill.wait``: per step that ran its prefill while the worker waited for a CPU, the
-    wait (wall minus the worker thread's CPU time) as a span ending with the step, its evidence
-    as attributes. The rest of the step stays ``prefill``."""
-    if eng is None or not eng.steps:
-        return []
+def wait_spans(eng: EnginePayload | None, limit: float | None = None) -> list[Warmup]:
+    """``prefill.wait``: per step that ran its prefill while EngineCore or the worker waited
+    for a CPU (:func:`attributes.named_waits`), the wait as a span ending with the step (at
+    ``limit`` at the latest: the first token), its evidence as attributes. Where in the step the
+    waiting fell is not measured; the rest of the step stays ``prefill``."""
     out: list[Warmup] = []
-    for step in eng.steps:
-        if not thresholds.step_waited(step.wall, step.cpu):
-            continue
+    for wait in named_waits(eng):
+        end = wait.end if limit is None else min(wait.end, limit)
         out.append((semconv.SPAN_PREFILL_WAIT, semconv.STAGE_PREFILL_WAIT,
-                    step.end - (step.wall - step.cpu), step.end, step_evidence([step])))
+                    end - wait.seconds, end, wait.evidence))
     return out
-
