@@ -11,7 +11,10 @@ asserts graph capture and KV allocation, with their numbers and the runner named
 Part 3 loads through fastsafetensors (``gpu_check_load``). Part 4 (``gpu_check_verify``,
 issue 19) replays, analyzes and runs ``otel-ttft verify``, which must try the changes a CPU
 machine lists as "not tried here": sleep mode instead of restarts, CUDA graph capture sizes
-limited to the observed batch sizes, the memory split of two resident servers.
+limited to the observed batch sizes, the memory split of two resident servers. Part 5
+(``gpu_check_first_use``, issue 46) checks first-use work in a ready server's steps: a prefill
+outside the captured CUDA graphs named as eager, a compile on first use (Inductor's Triton
+kernels for vLLM's logprobs ranks) as ``warmup.step_compile``.
 Run: ``scripts/gpu-check`` (after setup).
 """
 
@@ -33,6 +36,7 @@ from otel_ttft.tools.replay.server import ServerStartError, VllmServer, telemetr
 from otel_ttft.tools.sink.receiver import OTLPReceiver
 from otel_ttft.tools.sink.store import SpanStore
 from otel_ttft.tools.tiny_model import ensure_tiny_model
+from scripts.gpu_check_first_use import run_first_use
 from scripts.gpu_check_load import run_fastsafetensors
 from scripts.gpu_check_verify import run_verify
 
@@ -249,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     problems += guarded("fastsafetensors", lambda: run_fastsafetensors(  # issue 10
         model, args.out / "fastsafetensors", args.timeout))
     problems += guarded("verify", lambda: run_verify(args.out / "verify", args.timeout))  # 19
+    problems += guarded("first-use", lambda: run_first_use(  # issue 46
+        model, args.out / "first-use", args.timeout))
     for problem in problems:
         print(f"gpu-check: FAIL {problem}", file=sys.stderr)
     print(f"gpu-check: {'FAILED' if problems else 'passed'}; data in {args.out}")

@@ -107,3 +107,104 @@ def test_sleep_and_wake_up_around_the_real_engine_core_methods(exporter, hooks):
     assert wake.attributes[semconv.ATTR_STAGE] == semconv.STAGE_LOAD_H2D
     last = activation.last_activation()
     assert last.kind == "wake" and last.span_context.span_id == root.context.span_id
+
+
+def _request_hook(name):
+    from otel_ttft.runtime.hooks import request
+
+    return next(h for h in request.HOOKS if h.name == name)
+
+
+@pytest.fixture
+def prefill_step(monkeypatch):
+    """The worker is inside a step that starts requests ``a`` and ``b`` (vLLM's real
+    ``SchedulerOutput``); what it noted is collected fresh."""
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+    from otel_ttft.runtime.hooks.request import graphs, worker
+
+    step = SchedulerOutput.make_empty()
+    step.scheduled_new_reqs = [type("New", (), {"req_id": rid})() for rid in ("a", "b")]
+    monkeypatch.setattr(worker, "_last_step", step)
+    monkeypatch.setattr(worker, "pending", [])
+    monkeypatch.setattr(graphs, "_noted_step", None)
+    return step
+
+
+def test_a_prefill_step_outside_the_captured_graphs_is_noted_as_eager(hooks, prefill_step):
+    """V1's real ``CudagraphDispatcher``, its keys built for capture sizes up to 16 (the CPU
+    platform captures none, so the sizes are set as a GPU's config would have them)."""
+    from vllm.config import CUDAGraphMode, VllmConfig
+    from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+
+    from otel_ttft.runtime.hooks.request import engine, payload, worker
+
+    hooks(_request_hook("request.graph_dispatch"))
+    config = VllmConfig()
+    config.compilation_config.cudagraph_capture_sizes = [1, 2, 4, 8, 16]
+    config.compilation_config.max_cudagraph_capture_size = 16
+    dispatcher = CudagraphDispatcher(config)
+    dispatcher.initialize_cudagraph_keys(CUDAGraphMode.PIECEWISE, 1)
+
+    mode, _ = dispatcher.dispatch(100)
+    assert mode == CUDAGraphMode.NONE  # vLLM's own decision, unchanged
+    dispatcher.dispatch(8)  # a second dispatch in the same step: the first one stands
+    (note,) = worker.pending
+    assert note == payload.GraphDispatch("NONE", 100, 16, ["a", "b"])
+
+    # EngineCore hands it to the requests the step started, and they carry it to the API.
+    states = {rid: payload.EnginePayload(1.0, 0, 0, 1, 2) for rid in ("a", "b", "c")}
+    engine._state.update(states)
+    try:
+        engine._charge_warmup([note])
+        assert states["a"].graph == states["b"].graph == payload.GraphChoice("NONE", 100, 16)
+        assert states["c"].graph is None
+        assert payload.decode(payload.encode(states["a"])).graph == states["a"].graph
+    finally:
+        for rid in states:
+            engine._state.pop(rid, None)
+
+
+def test_a_prefill_step_inside_the_captured_graphs_is_noted_with_its_mode(hooks, prefill_step):
+    from vllm.config import CUDAGraphMode, VllmConfig
+    from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+
+    from otel_ttft.runtime.hooks.request import worker
+
+    hooks(_request_hook("request.graph_dispatch"))
+    config = VllmConfig()
+    config.compilation_config.cudagraph_capture_sizes = [1, 2, 4, 8, 16]
+    config.compilation_config.max_cudagraph_capture_size = 16
+    dispatcher = CudagraphDispatcher(config)
+    uninitialized = dispatcher.dispatch(8)  # no graphs captured yet: nothing to note
+    assert uninitialized[0] == CUDAGraphMode.NONE and worker.pending == []
+    dispatcher.initialize_cudagraph_keys(CUDAGraphMode.PIECEWISE, 1)
+    assert dispatcher.dispatch(8)[0] == CUDAGraphMode.PIECEWISE
+    (note,) = worker.pending
+    assert (note.mode, note.tokens, note.max_captured) == ("PIECEWISE", 8, 16)
+
+
+def test_model_runner_v2s_graph_decision_is_noted(hooks, prefill_step):
+    """V2's real ``CudaGraphManager.dispatch`` and ``captured_token_counts``; its constructor
+    needs vLLM's distributed groups, so the capture's result (one PIECEWISE graph for 8
+    tokens) is set on a bare instance."""
+    from vllm.config import CUDAGraphMode
+    from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor, CudaGraphManager
+
+    from otel_ttft.runtime.hooks.request import worker
+
+    hooks(_request_hook("request.graph_dispatch_v2"))
+    manager = object.__new__(CudaGraphManager)
+    manager.graphs, manager._candidates, manager._graphs_captured = {}, {}, False
+    manager._lora_dispatch_map = {}
+    assert manager.dispatch(2, 100, None, 0).cg_mode == CUDAGraphMode.NONE
+    assert worker.pending == []  # nothing captured: an eager server, nothing to say
+    desc = BatchExecutionDescriptor(cg_mode=CUDAGraphMode.PIECEWISE, num_tokens=8,
+                                    num_reqs=None)
+    manager.graphs[desc] = object()
+    manager._candidates[(8, 0)] = [desc]
+    manager._graphs_captured = True
+    assert manager.dispatch(2, 100, None, 0).cg_mode == CUDAGraphMode.NONE
+    (note,) = worker.pending
+    assert (note.mode, note.tokens, note.max_captured, note.request_ids) == (
+        "NONE", 100, 8, ["a", "b"])

@@ -69,6 +69,12 @@ ATTR_COMPILE_RECOMPILE = "ttft.compile.recompile"
 #: on a request's torch.compile: vLLM's own model graph compiled (its compilation counter moved),
 #: not a helper outside the model
 ATTR_COMPILE_MODEL_GRAPH = "ttft.compile.model_graph"
+#: on the request (GPU, CUDA graphs captured): vLLM's CUDA-graph mode for the first step of its
+#: prefill (``NONE``: it ran eager, no captured graph fitted the step)
+ATTR_STEP_CUDAGRAPH_MODE = "ttft.step.cudagraph.mode"
+ATTR_STEP_CUDAGRAPH_TOKENS = "ttft.step.cudagraph.tokens"  # on the request: tokens in that step
+#: on the request: the largest batch, in tokens, the server captured a CUDA graph for
+ATTR_CUDAGRAPH_MAX_CAPTURED_TOKENS = "ttft.cudagraph.max_captured_tokens"
 ATTR_STEP_TOKENS = "ttft.step.tokens"  # on a request's torch.compile: tokens in the step it ran in
 ATTR_STEP_REQUESTS = "ttft.step.requests"  # on a request's torch.compile: requests in that step
 # A cache of the front end filled inside this request (warmup.first_use): one child span per fill

@@ -17,16 +17,18 @@ API process (``api``, ``ends``, ``flush``; front-end cache fills: ``hooks.first_
 
 EngineCore (``engine``; counts, never builds spans): queue depth and KV blocks at arrival,
 admission attempts, schedule times when vLLM records no events, and the ``payload`` shipped with
-each request's first output. Worker (``worker``): warm-up paid inside a step (an adapter load, a
-compile) and the wall and CPU time of each step that ran a prefill on a CPU worker, handed to
-EngineCore with the step's output.
+each request's first output, and EngineCore's own wait for a CPU in each step (``runqueue``).
+Worker (``worker``): warm-up paid inside a step (an adapter load, a compile, from torch's Dynamo
+callbacks), the wall and CPU time of each step that ran a prefill on a CPU worker, and
+(``graphs``, GPU) the CUDA-graph decision for a step that starts a prefill, handed to EngineCore
+with the step's output.
 """
 
 from __future__ import annotations
 
 from otel_ttft import semconv
 from otel_ttft.runtime.hooks.registry import Hook
-from otel_ttft.runtime.hooks.request import api, ends, engine, worker
+from otel_ttft.runtime.hooks.request import api, ends, engine, graphs, worker
 from otel_ttft.runtime.hooks.request.flush import wrap_stream_response
 
 API_SERVER, ENGINE_CORE, WORKER = semconv.PROCESS_KINDS
@@ -76,6 +78,11 @@ HOOKS: list[Hook] = [
     Hook("request.step_compile_end",
          "torch._dynamo.callback:CompilationCallbackHandler.run_end_callbacks",
          worker.wrap_compile_end, stage=semconv.STAGE_WARMUP_STEP_COMPILE, process=WORKER),
+    Hook("request.graph_dispatch", "vllm.v1.cudagraph_dispatcher:CudagraphDispatcher.dispatch",
+         graphs.wrap_dispatch_v1, stage=semconv.STAGE_PREFILL, process=WORKER),
+    Hook("request.graph_dispatch_v2",
+         "vllm.v1.worker.gpu.cudagraph_utils:CudaGraphManager.dispatch",
+         graphs.wrap_dispatch_v2, stage=semconv.STAGE_PREFILL, process=WORKER),
     Hook("request.warmup_ship", "vllm.v1.executor.multiproc_executor:WorkerProc.enqueue_output",
          worker.wrap_enqueue_output, stage=semconv.STAGE_WARMUP_ADAPTER, process=WORKER),
 ]

@@ -167,6 +167,10 @@ def _attributes(rec: RequestRecord, eng: EnginePayload | None, ttft: float | Non
         attrs[semconv.ATTR_REQUEST_COMPILE_SECONDS] = sum(c.end - c.start for c in eng.compile)
     if eng is not None and eng.steps:
         attrs.update(step_evidence(eng.steps))
+    if eng is not None and eng.graph is not None:
+        attrs[semconv.ATTR_STEP_CUDAGRAPH_MODE] = eng.graph.mode
+        attrs[semconv.ATTR_STEP_CUDAGRAPH_TOKENS] = eng.graph.tokens
+        attrs[semconv.ATTR_CUDAGRAPH_MAX_CAPTURED_TOKENS] = eng.graph.max_captured
     if eng is not None and eng.engine_waits:
         attrs[semconv.ATTR_STEP_QUEUED_SECONDS] = sum(e.queued for e in eng.engine_waits)
     waited = sum(w.seconds for w in named_waits(eng))

@@ -143,10 +143,18 @@ def wrap_update_from_output(call: Any, instance: Any, args: tuple, kwargs: dict)
     return outputs
 
 
-def _charge_warmup(events: list[payload.AdapterLoad | payload.CompileTime]) -> None:
+def _charge_warmup(events: list[worker.Note]) -> None:
     """Each warm-up interval goes to the requests already queued when it started (an adapter's
-    load: only to those for that adapter)."""
+    load: only to those for that adapter); a CUDA-graph decision to the requests its step
+    started."""
     for event in events:
+        if isinstance(event, payload.GraphDispatch):
+            choice = payload.GraphChoice(event.mode, event.tokens, event.max_captured)
+            for rid in event.request_ids:
+                st = _state.get(rid)
+                if st is not None and st.graph is None:
+                    st.graph = choice
+            continue
         for st in _state.values():
             if st.queued > event.start:
                 continue

@@ -46,6 +46,28 @@ class EngineWait(msgspec.Struct, array_like=True, frozen=True):
     """Seconds the thread was runnable and had no CPU (``runqueue``)."""
 
 
+class GraphChoice(msgspec.Struct, array_like=True, frozen=True):
+    """How vLLM ran the first step of a request's prefill on a GPU with CUDA graphs captured:
+    its CUDA-graph dispatch decision for that step."""
+
+    mode: str
+    """vLLM's ``CUDAGraphMode`` for the step: ``NONE`` ran eager (no captured graph fits)."""
+    tokens: int
+    """Tokens in the step."""
+    max_captured: int
+    """The largest batch, in tokens, with a captured graph."""
+
+
+class GraphDispatch(msgspec.Struct, array_like=True, frozen=True):
+    """A worker's note of one step's CUDA-graph decision, for the requests it starts
+    (worker -> EngineCore only; EngineCore keeps a :class:`GraphChoice` per request)."""
+
+    mode: str
+    tokens: int
+    max_captured: int
+    request_ids: list[str]
+
+
 class CompileTime(msgspec.Struct, array_like=True, frozen=True):
     """One torch.compile a worker paid inside serving, from Dynamo's start to its end."""
 
@@ -107,15 +129,18 @@ class EnginePayload:
     engine_waits: list[EngineWait] | tuple[()] = field(default_factory=list)
     """The engine steps that ran its prefill and in which EngineCore's thread waited for a CPU
     (read in the API process: ``()`` when empty)."""
+    graph: GraphChoice | None = None
+    """Its first prefill step's CUDA-graph decision (GPU, graphs captured; else ``None``)."""
     lora_id: int = 0
     """Its adapter's ``lora_int_id`` (0: none). EngineCore-side only: not shipped."""
 
 
 def encode(p: EnginePayload) -> str:
     """The header value: ``[VERSION, queued, attempts, waiting, running, free, total, schedule,
-    adapter, compile, steps, engine_waits]`` as compact JSON."""
+    adapter, compile, steps, engine_waits, graph]`` as compact JSON."""
     return _encode(_Wire(VERSION, p.queued, p.attempts, p.waiting, p.running, p.free, p.total,
-                         p.schedule, p.adapter, p.compile, p.steps, p.engine_waits)).decode()
+                         p.schedule, p.adapter, p.compile, p.steps, p.engine_waits,
+                         p.graph)).decode()
 
 
 _Count = Annotated[int, msgspec.Meta(ge=0)]
@@ -138,6 +163,7 @@ class _Wire(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     compile: list[CompileTime]
     steps: list[StepTime]
     engine_waits: list[EngineWait]
+    graph: GraphChoice | None
 
 
 _encode = msgspec.json.Encoder().encode
@@ -167,6 +193,9 @@ def decode(value: str) -> EnginePayload | None:
         if not (isfinite(step.start) and isfinite(step.end) and isfinite(step.wall)
                 and isfinite(step.cpu) and step.cpu >= 0 and step.wall >= 0):
             return None
+    if w.graph is not None and (w.graph.tokens < 0 or w.graph.max_captured < 0
+                                or len(w.graph.mode) > 32):
+        return None
     for wait in w.engine_waits:
         if not (isfinite(wait.start) and isfinite(wait.end) and isfinite(wait.queued)
                 and wait.queued >= 0):
@@ -175,4 +204,4 @@ def decode(value: str) -> EnginePayload | None:
     # compiled): the API process keeps a payload as long as its request, untracked by the GC.
     return EnginePayload(w.queued, w.waiting, w.running, w.free, w.total, w.attempts,
                          w.schedule or (), w.adapter, w.compile or (), w.steps or (),
-                         w.engine_waits or ())
+                         w.engine_waits or (), w.graph)

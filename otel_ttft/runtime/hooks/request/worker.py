@@ -34,16 +34,24 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from otel_ttft.runtime.hooks.request.payload import AdapterLoad, CompileTime, StepTime
+from otel_ttft.runtime.hooks.request.payload import (
+    AdapterLoad,
+    CompileTime,
+    GraphDispatch,
+    StepTime,
+)
 
 WARMUP_ATTR = "_otel_ttft_warmup"
 STEPS_ATTR = "_otel_ttft_steps"
 
-# warm-up timed in this process, not yet shipped
-pending: list[AdapterLoad | CompileTime] = []
+Note = AdapterLoad | CompileTime | GraphDispatch
+
+# what this process noted (warm-up timed, CUDA-graph decisions), not yet shipped
+pending: list[Note] = []
 
 
-def _keep(event: AdapterLoad | CompileTime) -> None:
+def keep(event: Note) -> None:
+    """Ship ``event`` with the next step's output."""
     pending.append(event)
     del pending[:-64]
 
@@ -111,7 +119,7 @@ def wrap_compile_end(call: Callable[..., Any], instance: Any, args: tuple,
         if started is not None:
             attempt = started.compile_id.rpartition("/")[2]
             step = _last_step
-            _keep(CompileTime(
+            keep(CompileTime(
                 started.start, time.monotonic(), started.frame, started.compile_id,
                 attempt.isdigit() and int(attempt) > 0, started.model_graph,
                 int(getattr(step, "total_num_scheduled_tokens", 0) or 0),
@@ -143,7 +151,13 @@ _open: _OpenStep | None = None  # the step whose sample_tokens is still to come
 _cpu_worker: bool | None = None  # the worker's device is a CPU (None: not known yet)
 
 
-def take_local() -> list[AdapterLoad | CompileTime] | None:
+def latest_step() -> Any:
+    """The ``SchedulerOutput`` of the step this worker runs now (or ran last); ``None`` before
+    its first."""
+    return _last_step
+
+
+def take_local() -> list[Note] | None:
     """What is pending, taken (uniproc executor: EngineCore reads it in-process)."""
     if not pending:
         return None
@@ -259,7 +273,7 @@ def wrap_load_adapter(call: Callable[..., Any], instance: Any, args: tuple,
     start = time.monotonic()
     result = call(*args, **kwargs)
     lora_request = args[0] if args else kwargs["lora_request"]
-    _keep(AdapterLoad(start, time.monotonic(), lora_request.lora_int_id))
+    keep(AdapterLoad(start, time.monotonic(), lora_request.lora_int_id))
     return result
 
 
