@@ -365,7 +365,10 @@ def _tune_context(b: Builder) -> None:
     prompts = [r.get("prompt") for r in ev.rows]
     repeated = len(prompts) > len(set(prompts))
     caching = ev.template_value("enable_prefix_caching")
-    if repeated and caching is False:
+    # what the replay recorded its prompts share (none: a numbered long prompt); older runs: -1
+    kinds = ev.run.get("prompts") if isinstance(ev.run.get("prompts"), dict) else {}
+    shared = (kinds.get(prompts[0]) or {}).get("shared_prefix_tokens", -1) if prompts else -1
+    if repeated and caching is False and shared != 0:
         b.add("prefix-caching", f"the same {tokens}-token prompt was sent {len(prompts)} times "
               "with prefix caching off: its repeats can reuse the cached prefix",
               args=["--enable-prefix-caching"])

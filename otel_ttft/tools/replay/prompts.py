@@ -11,7 +11,7 @@ caching on.
   without warming its prefix cache (what health checks and other clients send).
 
 Sizes come from the served model's own tokenizer and chat template: ``short`` takes
-``CHAT_SHARE`` of the room left by ``max_tokens``, ``long`` all of it (less a small margin).
+``CHAT_SHARE`` of the room left by ``max_tokens``, ``long`` all of it (less a small margin). A request's number changes its token count by a few at most.
 Only token counts and hashes are recorded; the text never leaves this process.
 """
 
@@ -50,7 +50,7 @@ class Prompt:
 
     kind: str  # short | long | probe
     text: str
-    tokens: int  # prompt tokens of a request (chat template applied)
+    tokens: int  # prompt tokens of a request, at most (chat template applied)
     shared: tuple[tuple[str, str], ...] = ()  # (role, content), the same in every request
     shared_tokens: int = 0  # prompt tokens of the shared messages alone
 
@@ -131,13 +131,13 @@ def build_prompts(count: TokenCounter, max_model_len: int, max_tokens: int) -> P
                           f"and a long prompt with max_tokens {max_tokens}")
     n = _largest(lambda n: most(chat(n)) <= chat_budget)
     shared = history(n)
-    short = Prompt("short", question, count(chat(n).messages()), shared,
+    short = Prompt("short", question, most(chat(n)), shared,
                    count([{"role": r, "content": c} for r, c in shared]))
 
     head = f"{_NUMBER} is this ticket's number. "  # first: no two long prompts share a prefix
     n = _largest(lambda n: most(Prompt("long", head + filler(n), 0)) <= budget)
     text = head + filler(n)
-    long = Prompt("long", text, count(Prompt("long", text, 0).messages()))
+    long = Prompt("long", text, most(Prompt("long", text, 0)))
     return PromptSet(short, long, Prompt("probe", SHORT_TEXT, probe_tokens))
 
 
