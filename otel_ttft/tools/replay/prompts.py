@@ -11,7 +11,8 @@ caching on.
   without warming its prefix cache (what health checks and other clients send).
 
 Sizes come from the served model's own tokenizer and chat template: ``short`` takes
-``CHAT_SHARE`` of the room left by ``max_tokens``, ``long`` all of it (less a small margin). A request's number changes its token count by a few at most.
+``CHAT_SHARE`` of the room left by ``max_tokens``, ``long`` all of it (less a small margin).
+A request's number changes its token count by a few at most.
 Only token counts and hashes are recorded; the text never leaves this process.
 """
 
