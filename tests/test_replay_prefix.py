@@ -122,3 +122,37 @@ def test_warm_prefix_sends_the_shared_prefix_once_after_each_activation_before_u
     warm, user = seen[4], seen[5]
     assert warm["messages"][:-1] == user["messages"][:-1]  # the same shared prefix
     assert warm["messages"][-1] != user["messages"][-1]
+
+
+def test_the_demo_says_what_it_measured_of_the_prefix_cache(tmp_path):
+    """From spans through the analysis: the baseline read 384 of 400 prompt tokens from the
+    cache, switch-back none; the demo's lines say so, with the prefill that cost."""
+    import json
+
+    from otel_ttft.tools.analysis.analyze import analyze
+    from otel_ttft.tools.analysis.breakdown import collect
+    from otel_ttft.tools.replay.demo import prefix_cache_lines
+    from tests import analysis_fixtures as fx
+
+    spans = [*fx.run_span()]
+    spans += fx.warm_requests("short-prompt", "A", 0.0, n=5, tokens=400, cached=384,
+                              prefill=0.020)
+    spans += fx.warm_requests("switch-back", "A", 10.0, n=1, tokens=400, cached=0,
+                              prefill=0.200)
+    by_trace: dict[str, list[dict]] = {}
+    for s in spans:
+        by_trace.setdefault(s["trace_id"], []).append(s)
+    path = tmp_path / "analysis.json"
+    path.write_text(json.dumps(analyze(collect(by_trace.values()))))
+    lines = prefix_cache_lines(path)
+    assert lines[0].startswith("prefix cache (vLLM's default: on)")
+    assert "- short-prompt: 384 of 400" in lines
+    (back,) = [ln for ln in lines if ln.startswith("- switch-back")]
+    assert back.startswith("- switch-back: 0 of 400; 384 that its baseline read from the cache "
+                           "were computed again: 192") and back.endswith(
+                               "of prefill.uncached_prefix"), back
+    # nothing measured: said so, not guessed
+    path.write_text(json.dumps({"requests": []}))
+    assert prefix_cache_lines(path) == [
+        "prefix cache: no request reported the prompt tokens vLLM read from its cache"]
+    assert prefix_cache_lines(tmp_path / "missing.json") == []
