@@ -206,7 +206,10 @@ def test_repeated_long_prompt_without_prefix_caching_turns_it_on(vocab):
                                     "short": {"tokens": 300, "shared_prefix_tokens": 260}}}
     assert "prefix-caching" not in _ids(change.propose(v, rows, BASE, run, [], vocab))
     chat = [{**r, "prompt": "short"} for r in rows]
-    assert "prefix-caching" in _ids(change.propose(v, chat, BASE, run, [], vocab))
+    (on,) = [c for c in change.propose(v, chat, BASE, run, [], vocab)["candidates"]
+             if c["id"] == "prefix-caching"]
+    assert on["reason"].startswith("3 prompts sharing a 260-token prefix were sent with prefix "
+                                   "caching off"), on["reason"]
 
 
 def test_a_cold_prefix_cache_is_warmed_after_activation_or_kept_resident(vocab):

@@ -369,9 +369,11 @@ def _tune_context(b: Builder) -> None:
     kinds = ev.run.get("prompts") if isinstance(ev.run.get("prompts"), dict) else {}
     shared = (kinds.get(prompts[0]) or {}).get("shared_prefix_tokens", -1) if prompts else -1
     if repeated and caching is False and shared != 0:
-        b.add("prefix-caching", f"the same {tokens}-token prompt was sent {len(prompts)} times "
-              "with prefix caching off: its repeats can reuse the cached prefix",
-              args=["--enable-prefix-caching"])
+        sent = (f"{len(prompts)} prompts sharing a {shared}-token prefix were sent"
+                if isinstance(shared, int) and shared > 0 else
+                f"the same {tokens}-token prompt was sent {len(prompts)} times")
+        b.add("prefix-caching", f"{sent} with prefix caching off: its repeats can reuse the "
+              "cached prefix", args=["--enable-prefix-caching"])
     chunk = ev.template_value("max_num_batched_tokens")
     chunk = int(chunk) if isinstance(chunk, str) and chunk.isdigit() else None
     limit = int(ev.setup.get("max_model_len") or 0) or None
