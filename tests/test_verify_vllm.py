@@ -120,8 +120,9 @@ def test_queue_under_a_tiny_kv_budget_is_verified_fixed_by_the_computed_kv_size(
     """22 KV blocks of 128 tokens: one long request (1,840 prompt tokens, 200 generated: 16
     blocks) at a time; four at once queue for each other's generations (seconds: far above what
     four prompts at once cost the baseline, whose chat turns share 8 prefix blocks and take 3
-    of their own each: 20). The change: the blocks four of them need. Then a change vLLM refuses
-    (a hand-edited candidate) is a recorded failure, the input untouched."""
+    of their own each: 20, and never queued here). The change: the blocks four of them need.
+    Then a change vLLM refuses (a hand-edited candidate) is a recorded failure, the input
+    untouched."""
     template = LONG + " --num-gpu-blocks-override 22 --max-num-batched-tokens 2048"
     doc = _replay(receiver, tmp_path, "short-prompt,long-prompt", "--concurrency", "4",
                   "--max-tokens", "200", "--max-model-len", "2048",
