@@ -181,10 +181,13 @@ def test_queue_behind_too_few_sequence_slots_raises_max_num_seqs_first(vocab):
     assert ch["candidates"][0]["replaces"] == {"--max-num-seqs": "--max-num-seqs 2"}
 
 
+OFF = DEFAULT_TEMPLATE + " --no-enable-prefix-caching"  # the replay's default is vLLM's: on
+
+
 def test_repeated_long_prompt_without_prefix_caching_turns_it_on(vocab):
     v = _verdict("long-prompt", "prefill", None, "tune-context")
     rows = [_row("long-prompt", ttft=1, prompt="long", tokens=1900, stages={"prefill": 0.9})] * 3
-    ch = change.propose(v, rows, BASE, _run(), [], vocab)
+    ch = change.propose(v, rows, BASE, _run(OFF), [], vocab)
     assert _ids(ch) == ["prefix-caching", "chunked-prefill", "shorter-context"]
     prefix, chunk, client = ch["candidates"]
     assert prefix["args"] == ["--enable-prefix-caching"]
@@ -192,9 +195,21 @@ def test_repeated_long_prompt_without_prefix_caching_turns_it_on(vocab):
     assert change.describe(prefix) == "--enable-prefix-caching (was --no-enable-prefix-caching)"
     assert chunk["args"] == ["--max-num-batched-tokens", "2048"]
     assert client["side"] == change.SIDE_CLIENT and not client["args"]
-    # already on: nothing to turn on
-    on = DEFAULT_TEMPLATE.replace("--no-enable-prefix-caching", "--enable-prefix-caching")
-    assert "prefix-caching" not in _ids(change.propose(v, rows, BASE, _run(on), [], vocab))
+    # already on, or on by vLLM's default: nothing to turn on
+    on = DEFAULT_TEMPLATE + " --enable-prefix-caching"
+    for template in (on, DEFAULT_TEMPLATE):
+        assert "prefix-caching" not in _ids(change.propose(v, rows, BASE, _run(template), [],
+                                                           vocab))
+    # the replay's long prompts share no prefix (each starts with its own number): repeats of
+    # the label are not repeats of a prefix, and caching would not help them
+    run = {**_run(OFF), "prompts": {"long": {"tokens": 1900, "shared_prefix_tokens": 0},
+                                    "short": {"tokens": 300, "shared_prefix_tokens": 260}}}
+    assert "prefix-caching" not in _ids(change.propose(v, rows, BASE, run, [], vocab))
+    chat = [{**r, "prompt": "short"} for r in rows]
+    (on,) = [c for c in change.propose(v, chat, BASE, run, [], vocab)["candidates"]
+             if c["id"] == "prefix-caching"]
+    assert on["reason"].startswith("3 prompts sharing a 260-token prefix were sent with prefix "
+                                   "caching off"), on["reason"]
 
 
 def test_a_cold_prefix_cache_is_warmed_after_activation_or_kept_resident(vocab):
@@ -242,10 +257,11 @@ def test_without_vllm_the_names_are_not_claimed():
 
 
 def test_template_is_read_and_edited_in_vllms_terms(vocab):
-    args = knobs.TemplateArgs(DEFAULT_TEMPLATE, vocab)
+    assert knobs.TemplateArgs(DEFAULT_TEMPLATE, vocab).get("enable_prefix_caching") is None
+    args = knobs.TemplateArgs(OFF, vocab)
     assert args.get("max_num_seqs") == "4" and args.get("enable_prefix_caching") is False
     assert args.get("max_model_len") == "512" and not args.sets("num_gpu_blocks_override")
-    edited = knobs.edit_template(DEFAULT_TEMPLATE, vocab, ["--enable-prefix-caching",
+    edited = knobs.edit_template(OFF, vocab, ["--enable-prefix-caching",
                                                            "--max-num-seqs=8"],
                                  {"VLLM_CACHE_ROOT": "/durable dir/{x}"})
     again = knobs.TemplateArgs(edited, vocab)
@@ -287,7 +303,7 @@ ALL_CASES = [
 
 def every_printable_change(vocab) -> list[dict]:
     """Every candidate the rules can produce, on evidence that makes each of them fire."""
-    template = DEFAULT_TEMPLATE.replace("--max-num-seqs 4", "--max-num-seqs 2") + \
+    template = OFF.replace("--max-num-seqs 4", "--max-num-seqs 2") + \
         " --num-gpu-blocks-override 17"
     facts = dict(model_bytes=4 * GIB, kv_bytes=8 * GIB, kv_blocks=17, kv_block_size=128,
                  device_memory_bytes=80 * GIB, host_memory_bytes=8 * GIB, device_type="cuda",

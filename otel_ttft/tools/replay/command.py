@@ -72,6 +72,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="s for a server to become healthy")
     p.add_argument("--request-timeout", default="300", type=cliargs.seconds,
                    help="s for one response")
+    p.add_argument("--switch-ahead", action="store_true",
+                   help="activate a switching step's model before its timed requests arrive "
+                        "(a router that switches ahead of its users), its cold requests "
+                        "answered by probes without the shared prefix: the timed requests then "
+                        "measure the prefix cache the switch emptied")
+    p.add_argument("--warm-prefix", action="store_true",
+                   help="after each activation, one untimed request with the shared prefix "
+                        "before the timed requests arrive (what verify's prefix-warm-up tries)")
 
 
 MAX_CONCURRENCY = 64
@@ -234,17 +242,20 @@ def _main(args: argparse.Namespace) -> int:  # noqa: C901 - one check per option
         repeat_warm=args.repeat_warm, concurrency=args.concurrency, max_tokens=args.max_tokens,
         seed=args.seed, max_model_len=args.max_model_len, tokenizer=tokenizer or model_a,
         start_timeout_s=args.start_timeout, request_timeout_s=args.request_timeout,
-        targets=targets, adapters=adapters, proxy_url=args.proxy_url)
+        targets=targets, adapters=adapters, proxy_url=args.proxy_url,
+        switch_ahead=args.switch_ahead, warm_prefix=args.warm_prefix)
     return _run(args.driver, targets, progress, out, endpoint, args.start_timeout,
                 args.request_timeout, prompts=prompts, scenarios=scenarios, repeat=args.repeat,
                 repeat_warm=args.repeat_warm,
                 concurrency=args.concurrency, max_tokens=args.max_tokens, seed=args.seed,
-                proxy_url=args.proxy_url, setup=recorded)
+                proxy_url=args.proxy_url, setup=recorded, switch_ahead=args.switch_ahead,
+                warm_prefix=args.warm_prefix)
 
 
 def _run(driver_name: str, targets, progress, out: Path, endpoint: str, start_timeout: float,
          request_timeout: float, *, prompts, scenarios, repeat, repeat_warm, concurrency,
-         max_tokens, seed, proxy_url, setup: dict | None = None) -> int:
+         max_tokens, seed, proxy_url, setup: dict | None = None, switch_ahead: bool = False,
+         warm_prefix: bool = False) -> int:
     import httpx
 
     from otel_ttft.runtime.config import Config
@@ -272,7 +283,8 @@ def _run(driver_name: str, targets, progress, out: Path, endpoint: str, start_ti
                     checkpoints={t.name: Path(t.model) for t in targets
                                  if t.model and Path(t.model).is_dir()},
                     progress=progress, repeat_warm=repeat_warm,
-                    cold_requests=Config.from_env().cold_requests, setup=setup)
+                    cold_requests=Config.from_env().cold_requests, setup=setup,
+                    switch_ahead=switch_ahead, warm_prefix=warm_prefix)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

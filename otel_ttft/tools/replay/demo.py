@@ -4,6 +4,10 @@ Build the two tiny models (and two LoRA adapters), start the embedded OTLP recei
 scenarios through the restart driver against real vLLM servers under ``opentelemetry-instrument``,
 then analyze what arrived. Whatever happens, the collected telemetry stays on disk and we say where.
 
+The servers run with vLLM's default prefix caching, and the replay's chat turns share a long
+prefix: after the analysis the demo says how many prompt tokens each scenario read from the cache
+and what a switch that emptied it cost (``prefix_cache_lines``).
+
 Server starts are the cost here (about a minute each on 2 cores), so the scenario order reuses
 them: A (with LoRA enabled) -> B cold -> A again -> B beside A -> A alone for the prompts and
 adapters: four starts in all.
@@ -38,6 +42,42 @@ def wait_quiet(store: SpanStore, quiet_s: float = 1.5, max_s: float = 15.0) -> l
         elif now - stable_since >= quiet_s or now >= deadline:
             return spans
         time.sleep(0.25)
+
+
+def prefix_cache_lines(analysis: Path) -> list[str]:
+    """What the run measured of vLLM's prefix cache (on: vLLM's default), per scenario: prompt
+    tokens read from it, and where a switch emptied it, the tokens the baseline read there that
+    were computed again and the prefill they cost (``prefill.uncached_prefix``)."""
+    import json
+    import statistics
+
+    from otel_ttft import semconv
+    from otel_ttft.tools.analysis.tree import format_duration
+
+    try:
+        doc = json.loads(analysis.read_text())
+    except (OSError, ValueError):
+        return []
+    by_scenario: dict[str, list[dict]] = {}
+    for r in doc.get("requests") or []:
+        if isinstance((r.get("evidence") or {}).get("cached_tokens"), int) and \
+                r.get("prompt_tokens"):
+            by_scenario.setdefault(r["scenario"], []).append(r)
+    if not by_scenario:
+        return ["prefix cache: no request reported the prompt tokens vLLM read from its cache"]
+    lines = ["prefix cache (vLLM's default: on), prompt tokens read from it, p50 per scenario:"]
+    for name, rows in by_scenario.items():
+        cached = statistics.median(r["evidence"]["cached_tokens"] for r in rows)
+        tokens = statistics.median(r["prompt_tokens"] for r in rows)
+        line = f"- {name}: {cached:g} of {tokens:g}"
+        extra = statistics.median(r["evidence"].get("uncached_prefix_tokens") or 0 for r in rows)
+        if extra:
+            spent = statistics.median(r["substages"].get(
+                semconv.STAGE_PREFILL_UNCACHED_PREFIX, 0.0) for r in rows)
+            line += (f"; {extra:g} that its baseline read from the cache were computed again: "
+                     f"{format_duration(spent)} of {semconv.STAGE_PREFILL_UNCACHED_PREFIX}")
+        lines.append(line)
+    return lines
 
 
 def _installed() -> bool:
@@ -118,6 +158,10 @@ def run_demo(out_dir: str | Path = DEFAULT_OUT, *, keep_going: bool = False,
     if analyze is not None:
         say("")
         rc = analyze(out_dir, out_dir / ANALYSIS_FILE, out_dir / REPORT_FILE)
+        if rc == 0:
+            say("")
+            for line in prefix_cache_lines(out_dir / ANALYSIS_FILE):
+                say(line)
         wanted = [s for s in VERIFY_SCENARIOS if not scenarios or s[0] in scenarios.split(",")]
         if rc == 0 and verify is not None and wanted:
             say("")

@@ -30,9 +30,8 @@ TEMPLATE_FIELDS = ("model", "name", "port", "host", "python", "instrument")
 DEFAULT_TEMPLATE = (
     "{instrument} {python} -m vllm.entrypoints.openai.api_server --model {model} "
     "--served-model-name {name} --host {host} --port {port} --dtype bfloat16 "
-    "--max-model-len 512 --max-num-seqs 4 --max-num-batched-tokens 512 "
-    "--no-enable-prefix-caching"
-)
+    "--max-model-len 512 --max-num-seqs 4 --max-num-batched-tokens 512"
+)  # prefix caching as vLLM's default (on): a switch that empties the cache is part of the story
 SLEEP_ARGS = "--enable-sleep-mode --gpu-memory-utilization 0.35"
 STOP_TIMEOUT_S = 120.0
 CONTROL_TIMEOUT_S = 300.0  # /sleep and /wake_up of a real model can take a while

@@ -12,6 +12,15 @@ right before its server starts, evicted once more when still resident (``evict``
 span records both, and the verdict calls a step that stayed resident "not cold". Each repeat of
 a switching scenario costs a server start (``repeat``); the others cost requests to a running
 server and run ``repeat_warm`` times, so the baseline's noise is measured.
+
+The prefix cache is part of the state (vLLM's default: on). Warm requests send the chat turn, so a
+warm server holds its shared prefix. Each request gets a number of its own (``PromptSet``): chat
+turns share only their prefix, long prompts nothing. ``switch_ahead``: a switching step's model is
+activated before its timed requests arrive (a router that activates ahead of its users), its
+activation's cold requests answered with a probe that shares no prefix; the timed requests then
+measure what the activation left cold besides the process: the prefix cache. ``warm_prefix``
+(``otel-ttft verify``'s ``prefix-warm-up``): after each activation, one untimed chat turn with the
+shared prefix before the timed requests arrive, the switch made first where it was part of one.
 """
 
 from __future__ import annotations
@@ -105,10 +114,21 @@ class ReplayRun:
     records: list[Record] = field(default_factory=list)
     repeat_warm: int | None = None  # runs of every other scenario; None: ``repeat``
     cold_requests: int = env.DEFAULT_COLD_REQUESTS  # the servers' OTEL_TTFT_COLD_REQUESTS
+    switch_ahead: bool = False  # activate before the timed requests (probes, not the prefix)
+    warm_prefix: bool = False  # after each activation, the shared prefix once, untimed
     _last_model: str | None = None
     # target name -> (driver generation, requests its server answered since then)
     _served: dict[str, tuple[object, int]] = field(default_factory=dict)
     _warmed: dict[str, int] = field(default_factory=dict)  # this repeat: untimed per target
+    _prefix_warmed: dict[str, object] = field(default_factory=dict)  # target -> generation
+    _sent: int = 0  # requests made: each one's number in its prompt
+
+    def _messages(self, kind: str) -> list[dict[str, str]]:
+        """The next request's messages (``probe`` or a step's prompt kind); numbered from a
+        point of this run's own, so no run repeats another's prompts to the same servers."""
+        self._sent += 1
+        prompt = self.prompts.probe if kind == "probe" else self.prompts.get(kind)
+        return prompt.messages(int(self.run_id[:6], 16) + self._sent)
 
     def repeats(self, scenario: str) -> int:
         """How often ``scenario`` runs: switching ones cost a server start each, except between
@@ -201,16 +221,32 @@ class ReplayRun:
         self._served[target.name] = (self.driver.generation(target),
                                      self._served_since_start(target) + count)
 
-    def _warm(self, client: ChatClient, model: str) -> None:
+    def _warm(self, client: ChatClient, model: str, kind: str = "short", *,
+              least: int = 1) -> None:
         """Untimed requests until ``model``'s server has answered the ones its activation
-        counts as cold (at least one: the scenario's state is "served and warm")."""
+        counts as cold, at least ``least`` (one: the scenario's state is "served and warm").
+        ``kind`` ``short`` warms the prefix cache too, ``probe`` the process only."""
         target = self._target(model)
         url = self.driver.url(target)  # first: behind a router, asking for it may swap it in
-        need = max(1, self.cold_requests - self._served_since_start(target))
+        need = max(least, self.cold_requests - self._served_since_start(target))
         for _ in range(need):
-            client.warm(url, model, self.prompts.short.messages())
+            client.warm(url, model, self._messages(kind))
         self._note_served(target, need)
         self._warmed[target.name] = self._warmed.get(target.name, 0) + need
+        if kind == "short":
+            self._prefix_warmed[target.name] = self.driver.generation(target)
+
+    def _ahead(self, client: ChatClient, step: Step, prepare) -> None:
+        """``switch_ahead`` / ``warm_prefix``: the step's model activated before its timed
+        requests, then (ahead) its cold requests answered by probes and (warm-prefix) the
+        shared prefix sent once since this activation."""
+        target = self._target(step.model)
+        self.driver.switch_to(target, cold=step.cold, prepare=prepare)
+        if self.switch_ahead:
+            self._warm(client, step.model, "probe", least=0)
+        if self.warm_prefix and self._prefix_warmed.get(target.name) != \
+                self.driver.generation(target):
+            self._warm(client, step.model, "short", least=1)
 
     def _timed(self, client: ChatClient, scenario: str, index: int, step: Step, *,
                evicted: bool = False) -> None:
@@ -222,6 +258,10 @@ class ReplayRun:
         def prepare() -> None:  # right before the server starts: cold means cold
             if check is not None and path is not None:
                 evict.make_cold(path, check)
+
+        ahead = (self.switch_ahead or self.warm_prefix) and not step.resident
+        if ahead:
+            self._ahead(client, step, prepare)
 
         def before_send() -> str:
             if step.resident:
@@ -241,14 +281,15 @@ class ReplayRun:
                  semconv.ATTR_REPLAY_PROMPT: step.prompt,
                  semconv.ATTR_REPLAY_SWITCH_FROM: switch_from}
         # Cold: the request waited for a switch (another model or adapter made way for it) or a
-        # cold start; resident steps, and every step of the resident driver, never wait.
-        cold = (self.driver.name != "resident" and not step.resident
+        # cold start; resident steps, every step of the resident driver, and steps whose switch
+        # was made ahead of them never wait.
+        cold = (self.driver.name != "resident" and not step.resident and not ahead
                 and (step.cold or switch_from is not None))
         metric_attrs = {semconv.ATTR_REPLAY_SCENARIO: scenario, semconv.ATTR_REQUEST_COLD: cold}
-        messages = self.prompts.get(step.prompt).messages()
         with ThreadPoolExecutor(self.concurrency) as pool:
-            futures = [pool.submit(client.request, step.model, messages, before_send, attrs,
-                                   metric_attributes=metric_attrs, after_switch=after_switch)
+            futures = [pool.submit(client.request, step.model, self._messages(step.prompt),
+                                   before_send, attrs, metric_attributes=metric_attrs,
+                                   after_switch=after_switch)
                        for _ in range(self.concurrency)]
             results = [f.result() for f in futures]
         self._last_model = step.model

@@ -58,8 +58,10 @@ def record(*, driver: str, scenarios: Sequence[str], repeat: int, repeat_warm: i
            concurrency: int,
            max_tokens: int, seed: int, max_model_len: int, tokenizer: str | None,
            start_timeout_s: float, request_timeout_s: float, targets: Sequence[Any],
-           adapters: dict[str, str | None], proxy_url: str | None) -> dict:
-    """The replay's parameters; ``targets`` are the driver's :class:`Target` objects."""
+           adapters: dict[str, str | None], proxy_url: str | None, switch_ahead: bool = False,
+           warm_prefix: bool = False) -> dict:
+    """The replay's parameters; ``targets`` are the driver's :class:`Target` objects.
+    ``switch_ahead`` / ``warm_prefix``: see ``replay.runner`` (absent in older records: off)."""
     return {
         "version": SETUP_VERSION, "driver": driver, "scenarios": list(scenarios),
         "repeat": repeat, "repeat_warm": repeat_warm, "concurrency": concurrency,
@@ -67,6 +69,7 @@ def record(*, driver: str, scenarios: Sequence[str], repeat: int, repeat_warm: i
         "max_model_len": max_model_len, "tokenizer": tokenizer,
         "start_timeout_s": start_timeout_s, "request_timeout_s": request_timeout_s,
         "proxy_url": proxy_url, "adapters": dict(adapters),
+        "switch_ahead": switch_ahead, "warm_prefix": warm_prefix,
         "targets": [{"name": t.name, "model": t.model or None, "template": redact(t.template),
                      "url": t.url} for t in targets],
     }

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from otel_ttft.diagnosis import prefix
 from otel_ttft.tools.analysis import change as changes
 from otel_ttft.tools.analysis import knobs
 from otel_ttft.tools.analysis.verification import (
@@ -105,7 +106,8 @@ class Runner:
         if c.get("missing"):
             return ("its names were not checked against vLLM when it was analyzed (" +
                     c["missing"][0].partition(": ")[2] + "); analyze again where vLLM runs")
-        if not (c.get("args") or c.get("env") or c.get("driver")):
+        if not (c.get("args") or c.get("env") or c.get("driver")
+                or c.get("prepare") == changes.WARM_PREFIX):
             return "nothing the replay can change (the switch happens outside its servers)"
         if c.get("gpu_only") and not self.gpu:
             return ("needs a GPU (vLLM rejects it on CPU); scripts/gpu-check verifies it on "
@@ -151,7 +153,8 @@ class Runner:
         try:
             if c.get("prepare") == changes.FILL_CACHE:
                 self._fill_cache(targets, c, run_dir)
-            rc, error = self._replay(v["scenario"], targets, driver, run_dir)
+            rc, error = self._replay(v["scenario"], targets, driver, run_dir,
+                                     warm_prefix=c.get("prepare") == changes.WARM_PREFIX)
         except Exception as exc:  # noqa: BLE001 - a failed try is recorded, never a traceback
             rc, error = 1, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         if rc == 0:
@@ -211,8 +214,10 @@ class Runner:
             for target in wanted:
                 driver.switch_to(target)  # started (filling the cache), then stopped by the next
 
-    def _replay(self, scenario: str, targets: list[dict], driver: str, run_dir: Path
-                ) -> tuple[int, str | None]:
+    def _replay(self, scenario: str, targets: list[dict], driver: str, run_dir: Path, *,
+                warm_prefix: bool = False) -> tuple[int, str | None]:
+        """The scenario again through the replay; ``warm_prefix``: the shared prefix sent once
+        after each activation, before the timed requests arrive (``replay --warm-prefix``)."""
         from otel_ttft.tools.replay import command
 
         s = self.setup
@@ -228,6 +233,8 @@ class Runner:
                 "--name-a", a["name"], "--name-b", b["name"]]
         if s.get("tokenizer"):
             argv += ["--tokenizer", s["tokenizer"]]
+        argv += ["--switch-ahead"] if s.get("switch_ahead") else []
+        argv += ["--warm-prefix"] if warm_prefix or s.get("warm_prefix") else []
         adapters = s.get("adapters") or {}
         if resident:
             return self._resident(argv, targets, adapters, run_dir)
@@ -256,8 +263,14 @@ class Runner:
         from otel_ttft.tools.replay.client import ChatClient, Sampling
         from otel_ttft.tools.replay.drivers import RestartDriver, closing
         from otel_ttft.tools.replay.progress import Progress
-        from otel_ttft.tools.replay.prompts import SHORT_TEXT
+        from otel_ttft.tools.replay.prompts import SHORT_TEXT, PromptError, build_prompts
+        from otel_ttft.tools.replay.prompts import tokenizer_counter as counter
 
+        try:  # a resident server has served its users: their shared prefix is in its cache
+            chat = build_prompts(counter(self.setup["tokenizer"]), self.setup["max_model_len"],
+                                 self.setup["max_tokens"]).short.messages()
+        except (PromptError, KeyError, TypeError):
+            chat = [{"role": "user", "content": SHORT_TEXT}]
         run_dir.mkdir(parents=True, exist_ok=True)
         wanted = self._targets(targets)
         driver = RestartDriver(wanted, Progress(), log_dir=run_dir, env=self._driver_env(
@@ -272,8 +285,7 @@ class Runner:
             try:
                 for t in wanted:
                     for _ in range(warm):
-                        client.warm(driver.url(t), t.name,
-                                    [{"role": "user", "content": SHORT_TEXT}])
+                        client.warm(driver.url(t), t.name, chat)
             finally:
                 client.close()
             argv = [*argv, "--driver", "resident", "--url-a", driver.url(wanted[0]),
@@ -307,7 +319,9 @@ class Runner:
             record.update(status=STATUS_FAILED, reason=reason,
                           summary=f"failed: {v['scenario']} with {record['change']}: {reason}")
             return
-        finish(v, record, before, rows, base)
+        # The re-run holds the scenario alone: its prefill is split against the original
+        # baseline, as the analysis split the requests before (the uncached prefix).
+        finish(v, record, before, prefix.split(rows, base), base)
 
 
 class _Tee(io.TextIOBase):
