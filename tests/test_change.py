@@ -212,6 +212,22 @@ def test_repeated_long_prompt_without_prefix_caching_turns_it_on(vocab):
                                    "caching off"), on["reason"]
 
 
+def test_a_compile_on_first_use_is_warmed_by_a_request_as_users_send_it(vocab):
+    sub = semconv.STAGE_WARMUP_STEP_COMPILE
+    v = _verdict("switch-back", "warmup", sub, "warm-up")
+    rows = [_row("switch-back", ttft=1.2, stages={"warmup": 1.1}, subs={sub: 1.05})] * 3
+    run = {**_run(), "sampling": {"temperature": 0.0, "max_tokens": 8, "seed": 1,
+                                  "logprobs": 2}}
+    (warm,) = change.propose(v, rows, BASE, run, [], vocab)["candidates"]
+    assert warm["id"] == "first-use-warm-up" and warm["prepare"] == change.WARM_PREFIX
+    assert warm["side"] == change.SIDE_DRIVER and warm["stage"] == sub
+    assert not warm["missing"] and not warm["args"] and not warm["env"]
+    assert "1.05 s" in warm["reason"] and "2 logprobs per token" in warm["reason"]
+    # without logprobs in the run's sampling, nothing is claimed about what users ask
+    (plain,) = change.propose(v, rows, BASE, _run(), [], vocab)["candidates"]
+    assert "logprobs" not in plain["reason"]
+
+
 def test_a_cold_prefix_cache_is_warmed_after_activation_or_kept_resident(vocab):
     sub = semconv.STAGE_PREFILL_UNCACHED_PREFIX
     v = _verdict("switch-back", "prefill", sub, "warm-up", uncached_prefix_tokens_p50=384,
@@ -225,7 +241,8 @@ def test_a_cold_prefix_cache_is_warmed_after_activation_or_kept_resident(vocab):
     assert "POST /v1/chat/completions" in warm["reason"]  # vLLM's own route
     assert "384 prompt tokens" in warm["reason"] and "96%" in warm["reason"]
     assert warm["stage"] == sub and resident["stage"] == sub
-    assert "warm the shared prefix after activation" in change.describe(warm)
+    assert "one request as users send it (shared prefix, their options) after activation" \
+        in change.describe(warm)
     assert resident["driver"] == "resident" and resident["models"] == ["A", "B"]
     if vocab.sleep_clears_prefix_cache_from is not None:  # read from vLLM's EngineCore.sleep
         assert f"sleeps at level {vocab.sleep_clears_prefix_cache_from}" in resident["reason"]

@@ -103,7 +103,7 @@ def test_a_wait_is_named_under_its_step_with_its_evidence_and_jitter_is_not():
     ((name, stage, start, end, attrs),) = wait_spans(eng)
     assert (name, stage) == (semconv.SPAN_PREFILL_WAIT, semconv.STAGE_PREFILL_WAIT)
     assert end == stopped.end and end - start == pytest.approx(1.18)
-    assert attrs == step_evidence([stopped])
+    assert attrs == {**step_evidence([stopped]), semconv.ATTR_STEP_QUEUED_SECONDS: 0.0}
     assert attrs[semconv.ATTR_STEP_CPU_RATIO] == pytest.approx(0.02 / 1.2)
     assert wait_spans(EnginePayload(9.0, 0, 0, 1, 2)) == []
     assert wait_spans(None) == []
@@ -151,10 +151,10 @@ def test_an_engine_steps_run_queue_wait_is_named_and_one_wait_is_never_counted_t
                         engine_waits=[EngineWait(20.0, 21.0, queued=0.9),
                                       EngineWait(25.0, 25.01, queued=0.0012)])  # jitter
     first, second = named_waits(eng)
-    assert (first.end, first.seconds) == (21.0, 0.9)
-    assert first.evidence[semconv.ATTR_STEP_QUEUED_SECONDS] == 0.9
+    assert (first.start, first.seconds) == (pytest.approx(20.1), 0.9)
+    assert first.evidence[semconv.ATTR_ENGINE_QUEUED_SECONDS] == 0.9
     assert first.evidence[semconv.ATTR_STEP_WALL_SECONDS] == 0.7
-    assert (second.end, second.seconds) == (30.5, pytest.approx(0.4))
+    assert (second.start, second.seconds) == (pytest.approx(30.1), pytest.approx(0.4))
     # Clipped at the first token: the span never leaves Prefill.
     (span, _) = wait_spans(eng, limit=20.95)
     assert span[3] == 20.95 and span[3] - span[2] == pytest.approx(0.9)
@@ -164,6 +164,27 @@ def test_an_engine_steps_run_queue_wait_is_named_and_one_wait_is_never_counted_t
                         engine_waits=[EngineWait(40.0, 41.4, queued=0.002)])
     ((wait),) = named_waits(eng)
     assert wait.seconds == pytest.approx(1.19)
+
+
+def test_a_worker_that_waited_to_wake_up_for_the_step_is_named_within_the_gap_only():
+    """Two CPU servers on one core: the other's busy loop holds it, and this worker, woken for
+    the request's step, waits on the run queue before the step starts. Its run-queue delay since
+    its previous step counts only within the gap between the request's scheduling and the
+    step: what it waited before the request existed is not the request's."""
+    woke_late = StepTime(51.0, 51.004, wall=0.004, cpu=0.0039, queued=0.0,
+                         queued_before=1.2)  # 1.2 s queued since its last step, 1 s of it here
+    eng = EnginePayload(9.0, 0, 0, 1, 2, steps=[woke_late])
+    (wait,) = named_waits(eng, scheduled=50.0)
+    assert (wait.start, wait.seconds) == (50.0, pytest.approx(1.0001))
+    assert wait.evidence[semconv.ATTR_STEP_QUEUED_SECONDS] == pytest.approx(1.0)
+    # the same reading with the step right after its scheduling: nothing of it was this one's
+    prompt = StepTime(50.001, 50.005, wall=0.004, cpu=0.0039, queued_before=1.2)
+    assert named_waits(EnginePayload(9.0, 0, 0, 1, 2, steps=[prompt]), scheduled=50.0) == []
+    # a later chunk of the same prefill: the gap is since the previous chunk ended
+    chunks = [StepTime(50.0, 50.01, wall=0.01, cpu=0.0099),
+              StepTime(50.51, 50.52, wall=0.01, cpu=0.0099, queued_before=0.9)]
+    (wait,) = named_waits(EnginePayload(9.0, 0, 0, 1, 2, steps=chunks), scheduled=50.0)
+    assert (wait.start, wait.seconds) == (pytest.approx(50.01), pytest.approx(0.5001))
 
 
 def test_the_run_queue_clock_reads_this_threads_wait_and_follows_the_thread():

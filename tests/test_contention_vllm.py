@@ -150,12 +150,12 @@ def test_a_worker_stopped_or_starved_inside_a_prefill_is_a_named_wait(receiver, 
     parts = assert_tiles_ttft(spans, req)
     prefill = next(p for p in parts if p["name"] == semconv.SPAN_REQUEST_PREFILL)
     (wait,) = [c for c in children(spans, prefill) if c["name"] == semconv.SPAN_PREFILL_WAIT]
-    queued = wait["attributes"][semconv.ATTR_STEP_QUEUED_SECONDS]
+    queued = wait["attributes"][semconv.ATTR_ENGINE_QUEUED_SECONDS]
     assert queued >= HOG_S * 0.8, wait["attributes"]
     assert (wait["end_ns"] - wait["start_ns"]) / 1e9 == pytest.approx(queued, abs=1e-3)
     assert prefill["start_ns"] <= wait["start_ns"] <= wait["end_ns"] <= prefill["end_ns"]
     assert attrs[semconv.ATTR_REQUEST_WAIT_SECONDS] == pytest.approx(queued, abs=1e-3)
-    assert attrs[semconv.ATTR_STEP_QUEUED_SECONDS] >= queued
+    assert attrs[semconv.ATTR_ENGINE_QUEUED_SECONDS] >= queued
 
     # The same requests, neither stopped nor starved: timed, and neither charged to any of them
     # (this machine is shared, so a few milliseconds of real waiting may be named there, never

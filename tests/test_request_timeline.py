@@ -131,7 +131,7 @@ def test_engine_payload_round_trip():
                                   [1.0, 2.0, 1.0], "x"])
 def test_engine_payload_refuses_a_step_it_cannot_read(step):
     value = json.loads(payload.encode(EnginePayload(1.0, 0, 0, 1, 2)).replace("NaN", "0"))
-    value[-2] = [step]
+    value[-3] = [step]
     assert payload.decode(json.dumps(value).replace("nan", "NaN")) is None
 
 
@@ -139,7 +139,7 @@ def test_engine_payload_refuses_a_step_it_cannot_read(step):
                                   "x"])
 def test_engine_payload_refuses_an_engine_wait_it_cannot_read(wait):
     value = json.loads(payload.encode(EnginePayload(1.0, 0, 0, 1, 2)))
-    value[-1] = [wait]
+    value[-2] = [wait]
     assert payload.decode(json.dumps(value)) is None
 
 
@@ -149,7 +149,7 @@ def test_engine_payload_refuses_an_engine_wait_it_cannot_read(wait):
                                       [1.0, 2.0, "f.py:f", "0/0", False, False, 1]])
 def test_engine_payload_refuses_a_compile_it_cannot_read(compiled):
     value = json.loads(payload.encode(EnginePayload(1.0, 0, 0, 1, 2)))
-    value[-3] = [compiled]
+    value[-4] = [compiled]
     assert payload.decode(json.dumps(value)) is None
 
 

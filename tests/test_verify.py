@@ -320,4 +320,5 @@ def test_the_prefix_warm_up_is_tried_through_the_replay_with_warm_prefix(tmp_pat
     assert argv[argv.index("--scenarios") + 1] == "cold-switch"
     (r,) = json.loads((tmp_path / "v" / "analysis.json").read_text())["verifications"]
     assert r["status"] == "failed" and r["stage"] == "prefill.uncached_prefix", r
-    assert "warm the shared prefix after activation" in r["change"]
+    assert "one request as users send it (shared prefix, their options) after activation" \
+        in r["change"]

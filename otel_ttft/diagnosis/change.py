@@ -20,7 +20,8 @@ A candidate (every key always present):
   ``driver``        the replay driver to use instead (``resident``, ``sleep``), or None
   ``sleep_level``   for the sleep driver: 1 (offload weights to host RAM) or 2 (discard)
   ``prepare``       what must happen before it can help (``fill-cache``: one start fills it;
-                    ``warm-prefix``: one request with the shared prefix after each activation)
+                    ``warm-prefix``: one request as users send it, shared prefix and sampling
+                    options, after each activation)
   ``gpu_only``      true where vLLM can do it only on a GPU (sleep mode, CUDA graphs)
   ``missing``       knobs the installed vLLM lacks (never tried then)
   ``replaces``      what the template said before, in its own words, by flag
@@ -66,7 +67,8 @@ def describe(candidate: dict) -> str:
     if replaces:
         parts.append("(was " + ", ".join(map(str, replaces.values())) + ")")
     if candidate.get("prepare") == WARM_PREFIX:
-        parts.append("warm the shared prefix after activation")
+        parts.append("one request as users send it (shared prefix, their options) after "
+                     "activation")
     if candidate.get("side") == SIDE_CLIENT:
         parts.append("client side")
     return " ".join(parts) or candidate.get("id", "?")

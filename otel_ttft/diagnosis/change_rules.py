@@ -409,8 +409,13 @@ def _placement(b: Builder) -> None:
 
 def _warm_up(b: Builder) -> None:
     """The cold prefix cache (``prefill.uncached_prefix``): warm the shared prefix once after
-    activation, or keep the server (and its cache) resident. Other warm-ups: nothing computed."""
+    activation, or keep the server (and its cache) resident. A compile on first use inside a
+    step (``warmup.step_compile``): one request as users send them after activation. Other
+    warm-ups: nothing computed."""
     ev = b.ev
+    if ev.substage == semconv.STAGE_WARMUP_STEP_COMPILE:
+        _first_use_warm_up(b)
+        return
     if ev.substage != semconv.STAGE_PREFILL_UNCACHED_PREFIX:
         return
     evidence = ev.verdict.get("evidence") or {}
@@ -438,6 +443,24 @@ def _warm_up(b: Builder) -> None:
         b.add("resident", f"driver {driver} starts or wakes the model with an empty prefix "
               f"cache; resident servers keep theirs{sleep}", side=SIDE_DRIVER,
               driver="resident", models=list(ev.targets) or ([ev.model] if ev.model else []))
+
+
+def _first_use_warm_up(b: Builder) -> None:
+    ev = b.ev
+    seconds = ev.p50(semconv.STAGE_WARMUP_STEP_COMPILE)
+    sampling = ev.run.get("sampling")
+    logprobs = sampling.get("logprobs") if isinstance(sampling, dict) else None
+    asks = (f" (they ask for {logprobs} logprobs per token)"
+            if isinstance(logprobs, int) and logprobs > 0 else "")
+    c = b.add("first-use-warm-up",
+              f"vLLM compiled on first use inside a request's step, {seconds:.2f} s that the "
+              f"start-up's warm-up did not reach: send one request as users send them"
+              f"{asks} after each activation, before routing users (the request span's "
+              f"torch.compile child names what compiled: ttft.compile.frame)",
+              side=SIDE_DRIVER, prepare=WARM_PREFIX, stage=semconv.STAGE_WARMUP_STEP_COMPILE)
+    routes = ev.vocab.routes if ev.vocab is not None else frozenset()
+    if routes and CHAT_ROUTE not in routes:
+        c["missing"].append(CHAT_ROUTE)
 
 
 RULES = {PERSIST_ARTIFACTS: _persist, KEEP_RESIDENT: _keep_resident,

@@ -39,12 +39,11 @@ STEP_WAIT_MAX_CPU_RATIO = 0.8
 
 def step_waited(wall_s: float, cpu_s: float) -> bool:
     """Whether a step whose worker thread got ``cpu_s`` of ``wall_s`` waited for a CPU."""
-    return (wall_s - cpu_s >= STEP_WAIT_MIN_SECONDS
-            and cpu_s <= STEP_WAIT_MAX_CPU_RATIO * wall_s)
+    return waited(wall_s, wall_s - cpu_s)
 
 
-def engine_waited(window_s: float, queued_s: float) -> bool:
-    """Whether EngineCore's thread, runnable for ``queued_s`` without a CPU within a step window
-    of ``window_s``, waited for a CPU: the same bars as :func:`step_waited`."""
-    return (queued_s >= STEP_WAIT_MIN_SECONDS
-            and queued_s >= (1.0 - STEP_WAIT_MAX_CPU_RATIO) * window_s)
+def waited(window_s: float, wait_s: float) -> bool:
+    """Whether ``wait_s`` without a CPU within ``window_s`` is a wait worth a name: at least
+    ``STEP_WAIT_MIN_SECONDS`` and more than the share of the window a healthy step loses."""
+    return (wait_s >= STEP_WAIT_MIN_SECONDS
+            and wait_s >= (1.0 - STEP_WAIT_MAX_CPU_RATIO) * window_s)

@@ -92,8 +92,11 @@ ATTR_STEP_CPU_SECONDS = "ttft.step.cpu.seconds"
 #: 0..1, on Prefill wait and the request: CPU seconds over wall seconds of those steps
 ATTR_STEP_CPU_RATIO = "ttft.step.cpu_ratio"
 #: s, on Prefill wait and the request: time EngineCore's thread was runnable and had no CPU (the
-#: kernel's run-queue delay) within the steps that ran this prefill: it sees waits outside the
-#: worker's calls, and a thread that spins while another of its process waits
+#: kernel's run-queue delay) within the engine steps that ran this prefill
+ATTR_ENGINE_QUEUED_SECONDS = "ttft.engine.queued.seconds"
+#: s, on Prefill wait and the request: time a CPU worker's thread was runnable and had no CPU
+#: within the steps that ran this prefill and in the gap before each (waking up for the step: a
+#: second vLLM server spinning on the same core holds it there)
 ATTR_STEP_QUEUED_SECONDS = "ttft.step.queued.seconds"
 #: s, on the request: time its prefill steps waited for a CPU (named as prefill.wait)
 ATTR_REQUEST_WAIT_SECONDS = "ttft.request.wait.seconds"

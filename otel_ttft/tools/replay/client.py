@@ -41,10 +41,16 @@ class Sampling:
     temperature: float = 0.0
     max_tokens: int = 16
     seed: int = 1234
+    logprobs: int = 0
+    """Top logprobs asked per token by every request but probes (0: none): serving paths a
+    server warmed by probes alone meets first in a user's request."""
 
     def record(self) -> str:
-        return json.dumps({"temperature": self.temperature, "max_tokens": self.max_tokens,
-                           "seed": self.seed}, sort_keys=True)
+        fields: dict[str, float] = {"temperature": self.temperature,
+                                    "max_tokens": self.max_tokens, "seed": self.seed}
+        if self.logprobs:  # absent when off: records of earlier runs compare equal
+            fields["logprobs"] = self.logprobs
+        return json.dumps(fields, sort_keys=True)
 
 
 @dataclass
@@ -153,11 +159,16 @@ class ChatClient:
     def _on_send(self, request: httpx.Request) -> None:
         self._local.sent_ns = clock.now_ns()
 
-    def body(self, model: str, messages: list[dict[str, str]]) -> dict[str, Any]:
-        return {"model": model, "messages": messages, "stream": True,
+    def body(self, model: str, messages: list[dict[str, str]], *,
+             probe: bool = False) -> dict[str, Any]:
+        """The request's JSON; a ``probe`` (a readiness check) asks for no logprobs."""
+        body = {"model": model, "messages": messages, "stream": True,
                 "stream_options": {"include_usage": True},
                 "temperature": self.sampling.temperature, "max_tokens": self.sampling.max_tokens,
                 "seed": self.sampling.seed}
+        if self.sampling.logprobs and not probe:
+            body.update(logprobs=True, top_logprobs=self.sampling.logprobs)
+        return body
 
     def request(self, model: str, messages: list[dict[str, str]],
                 before_send: Callable[[], str], attributes: Mapping[str, Any], *,
@@ -213,17 +224,20 @@ class ChatClient:
                  **{k: v for k, v in extra.items() if v is not None}}
         self._ttft.record(result.ttft_s, attrs, context=trace.set_span_in_context(span))
 
-    def warm(self, base_url: str, model: str, messages: list[dict[str, str]]) -> None:
-        """An untraced request that puts the model in the state the scenario starts from."""
+    def warm(self, base_url: str, model: str, messages: list[dict[str, str]], *,
+             probe: bool = False) -> None:
+        """An untraced request that puts the model in the state the scenario starts from; a
+        ``probe`` is a bare one (no logprobs), as a readiness check sends."""
         result = RequestResult(model)
-        self._stream(base_url, model, messages, {}, clock.now_ns(), result)
+        self._stream(base_url, model, messages, {}, clock.now_ns(), result, probe=probe)
         if result.ttft_s is None:
             raise RuntimeError(f"warm-up request to {model} at {base_url} got no content")
 
     def _stream(self, base_url: str, model: str, messages: list[dict[str, str]],
-                headers: dict[str, str], start_ns: int, result: RequestResult) -> None:
+                headers: dict[str, str], start_ns: int, result: RequestResult, *,
+                probe: bool = False) -> None:
         url = base_url.rstrip("/") + "/v1/chat/completions"
-        with self._http.stream("POST", url, json=self.body(model, messages),
+        with self._http.stream("POST", url, json=self.body(model, messages, probe=probe),
                                headers=headers) as resp:
             if resp.status_code != 200:
                 detail = resp.read().decode(errors="replace")[:200].replace("\n", " ")

@@ -43,6 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"requests sent at once per step (at most {MAX_CONCURRENCY})")
     p.add_argument("--max-tokens", default="16", type=cliargs.int_at_least(1))
     p.add_argument("--seed", default="1234", type=cliargs.int_at_least(0))
+    p.add_argument("--logprobs", default="0", type=cliargs.int_at_least(0),
+                   help="top logprobs every request asks for per token, probes excepted "
+                        "(default 0: none); with --switch-ahead the first request after an "
+                        "activation meets what vLLM compiles on first use for them")
     p.add_argument("--max-model-len", default="512", type=cliargs.int_at_least(16),
                    help="context limit the long prompt fills (default 512, the templates' own)")
     p.add_argument("--model-a", type=cliargs.checkpoint,
@@ -240,7 +244,8 @@ def _main(args: argparse.Namespace) -> int:  # noqa: C901 - one check per option
     recorded = replay_setup.record(  # for `otel-ttft verify`: how to run this again
         driver=args.driver, scenarios=scenarios, repeat=args.repeat,
         repeat_warm=args.repeat_warm, concurrency=args.concurrency, max_tokens=args.max_tokens,
-        seed=args.seed, max_model_len=args.max_model_len, tokenizer=tokenizer or model_a,
+        seed=args.seed, logprobs=args.logprobs, max_model_len=args.max_model_len,
+        tokenizer=tokenizer or model_a,
         start_timeout_s=args.start_timeout, request_timeout_s=args.request_timeout,
         targets=targets, adapters=adapters, proxy_url=args.proxy_url,
         switch_ahead=args.switch_ahead, warm_prefix=args.warm_prefix)
@@ -248,14 +253,14 @@ def _main(args: argparse.Namespace) -> int:  # noqa: C901 - one check per option
                 args.request_timeout, prompts=prompts, scenarios=scenarios, repeat=args.repeat,
                 repeat_warm=args.repeat_warm,
                 concurrency=args.concurrency, max_tokens=args.max_tokens, seed=args.seed,
-                proxy_url=args.proxy_url, setup=recorded, switch_ahead=args.switch_ahead,
-                warm_prefix=args.warm_prefix)
+                logprobs=args.logprobs, proxy_url=args.proxy_url, setup=recorded,
+                switch_ahead=args.switch_ahead, warm_prefix=args.warm_prefix)
 
 
 def _run(driver_name: str, targets, progress, out: Path, endpoint: str, start_timeout: float,
          request_timeout: float, *, prompts, scenarios, repeat, repeat_warm, concurrency,
          max_tokens, seed, proxy_url, setup: dict | None = None, switch_ahead: bool = False,
-         warm_prefix: bool = False) -> int:
+         warm_prefix: bool = False, logprobs: int = 0) -> int:
     import httpx
 
     from otel_ttft.runtime.config import Config
@@ -279,7 +284,7 @@ def _run(driver_name: str, targets, progress, out: Path, endpoint: str, start_ti
         driver = d.ProxyDriver(targets, progress, proxy_url=proxy_url)
     a, b = targets
     run = ReplayRun(driver, a.name, b.name, prompts, scenarios, list(a.adapters), repeat,
-                    concurrency, Sampling(max_tokens=max_tokens, seed=seed),
+                    concurrency, Sampling(max_tokens=max_tokens, seed=seed, logprobs=logprobs),
                     checkpoints={t.name: Path(t.model) for t in targets
                                  if t.model and Path(t.model).is_dir()},
                     progress=progress, repeat_warm=repeat_warm,

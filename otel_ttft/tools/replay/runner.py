@@ -230,7 +230,7 @@ class ReplayRun:
         url = self.driver.url(target)  # first: behind a router, asking for it may swap it in
         need = max(least, self.cold_requests - self._served_since_start(target))
         for _ in range(need):
-            client.warm(url, model, self._messages(kind))
+            client.warm(url, model, self._messages(kind), probe=kind == "probe")
         self._note_served(target, need)
         self._warmed[target.name] = self._warmed.get(target.name, 0) + need
         if kind == "short":

@@ -57,6 +57,7 @@ def is_redacted(template: str | None) -> bool:
 def record(*, driver: str, scenarios: Sequence[str], repeat: int, repeat_warm: int,
            concurrency: int,
            max_tokens: int, seed: int, max_model_len: int, tokenizer: str | None,
+           logprobs: int = 0,
            start_timeout_s: float, request_timeout_s: float, targets: Sequence[Any],
            adapters: dict[str, str | None], proxy_url: str | None, switch_ahead: bool = False,
            warm_prefix: bool = False) -> dict:
@@ -65,7 +66,7 @@ def record(*, driver: str, scenarios: Sequence[str], repeat: int, repeat_warm: i
     return {
         "version": SETUP_VERSION, "driver": driver, "scenarios": list(scenarios),
         "repeat": repeat, "repeat_warm": repeat_warm, "concurrency": concurrency,
-        "max_tokens": max_tokens, "seed": seed,
+        "max_tokens": max_tokens, "seed": seed, "logprobs": logprobs,
         "max_model_len": max_model_len, "tokenizer": tokenizer,
         "start_timeout_s": start_timeout_s, "request_timeout_s": request_timeout_s,
         "proxy_url": proxy_url, "adapters": dict(adapters),

@@ -234,6 +234,7 @@ class Runner:
         if s.get("tokenizer"):
             argv += ["--tokenizer", s["tokenizer"]]
         argv += ["--switch-ahead"] if s.get("switch_ahead") else []
+        argv += ["--logprobs", str(s["logprobs"])] if s.get("logprobs") else []
         argv += ["--warm-prefix"] if warm_prefix or s.get("warm_prefix") else []
         adapters = s.get("adapters") or {}
         if resident:
@@ -277,8 +278,9 @@ class Runner:
             "restart"), start_timeout_s=self._start_timeout())
         with closing(driver):
             driver.keep_resident(wanted)
-            client = ChatClient(trace.NoOpTracer(), Sampling(max_tokens=self.setup["max_tokens"],
-                                                             seed=self.setup["seed"]))
+            client = ChatClient(trace.NoOpTracer(), Sampling(
+                max_tokens=self.setup["max_tokens"], seed=self.setup["seed"],
+                logprobs=self.setup.get("logprobs") or 0))
             # A resident model has served before: untraced requests until its start's cold
             # ones are over (OTEL_TTFT_COLD_REQUESTS), so that no timed request is among them.
             warm = max(1, Config.from_env().cold_requests)

@@ -70,36 +70,64 @@ def step_evidence(steps: list[StepTime] | tuple[()]) -> dict[str, float]:
 
 @dataclass(frozen=True, slots=True)
 class Wait:
-    """Time a request's prefill waited for a CPU, ending at ``end``, with its evidence."""
+    """Time a request's prefill waited for a CPU, from ``start``, with its evidence."""
 
-    end: float
+    start: float
     seconds: float
     evidence: dict[str, float]
 
 
-def named_waits(eng: EnginePayload | None) -> list[Wait]:
+def _worker_wait(s: StepTime, previous_end: float | None) -> Wait | None:
+    """A CPU worker step's wait: inside it, the longer of its wall against CPU time and its
+    run-queue delay (two readings of one wait); before it, its run-queue delay since its
+    previous step, counted only within the gap since ``previous_end`` (the request's scheduling
+    or its previous step)."""
+    inside = max(s.wall - s.cpu, s.queued)
+    gap = max(0.0, s.start - previous_end) if previous_end is not None else 0.0
+    before = min(s.queued_before, gap)
+    if not thresholds.waited(s.end - s.start + before, inside + before):
+        return None
+    evidence = {**step_evidence([s]), semconv.ATTR_STEP_QUEUED_SECONDS: s.queued + before}
+    # from the wake-up it waited for, else ending with the step
+    return Wait(s.start - before if before else s.end - inside, inside + before, evidence)
+
+
+def named_waits(eng: EnginePayload | None, scheduled: float | None = None) -> list[Wait]:
     """The waits for a CPU a request's prefill had, step by step: EngineCore's run-queue wait
-    over an engine step, or its worker's wall against CPU time for a step inside it, whichever
-    is longer (two readings of one wait, never added); a worker's step outside every engine
-    step (another process's worker) on its own. Only waits past the thresholds."""
+    over an engine step, or the waits of the CPU worker steps inside it, whichever is longer
+    (two readings of one wait, never added); a worker's step outside every engine step on its
+    own. ``scheduled``: when the request was scheduled. Only waits past the thresholds."""
     if eng is None or not (eng.steps or eng.engine_waits):
         return []
+    worker: list[tuple[StepTime, Wait]] = []
+    previous = scheduled
+    for s in sorted(eng.steps, key=lambda s: s.start):
+        w = _worker_wait(s, previous)
+        if w is not None:
+            worker.append((s, w))
+        previous = s.end
     out: list[Wait] = []
     used: set[int] = set()
     for e in eng.engine_waits:
-        inside = [i for i, s in enumerate(eng.steps) if e.start <= s.start and s.end <= e.end]
+        inside = [i for i, (s, _) in enumerate(worker) if e.start <= s.start <= e.end]
         used.update(inside)
-        steps = [eng.steps[i] for i in inside]
-        worker = sum(s.wall - s.cpu for s in steps if thresholds.step_waited(s.wall, s.cpu))
-        queued = e.queued if thresholds.engine_waited(e.end - e.start, e.queued) else 0.0
-        if worker or queued:
-            evidence = {**(step_evidence(steps) if steps else {}),
-                        semconv.ATTR_STEP_QUEUED_SECONDS: e.queued}
-            out.append(Wait(e.end, min(max(queued, worker), e.end - e.start), evidence))
-    for i, s in enumerate(eng.steps):
-        if i not in used and thresholds.step_waited(s.wall, s.cpu):
-            out.append(Wait(s.end, s.wall - s.cpu, step_evidence([s])))
-    return out
+        mine = sum(worker[i][1].seconds for i in inside)
+        queued = e.queued if thresholds.waited(e.end - e.start, e.queued) else 0.0
+        if not (mine or queued):
+            continue
+        evidence = {semconv.ATTR_ENGINE_QUEUED_SECONDS: e.queued}
+        for i in inside:
+            evidence.update(worker[i][1].evidence)
+        seconds = min(max(queued, mine), e.end - e.start)
+        start = worker[inside[0]][1].start if mine >= queued else e.end - seconds
+        out.append(Wait(start, seconds, evidence))
+    out += [w for i, (_, w) in enumerate(worker) if i not in used]
+    return sorted(out, key=lambda w: w.start)
+
+
+def first_scheduled(schedule: list[tuple[str, float]]) -> float | None:
+    """When the request was first scheduled (``None``: not known)."""
+    return next((ts for kind, ts in schedule if kind == SCHEDULED), None)
 
 
 _CHAT_PREFIXES = ("chatcmpl-", "resp-")  # vLLM's request ids: chat completions, responses
@@ -172,8 +200,8 @@ def _attributes(rec: RequestRecord, eng: EnginePayload | None, ttft: float | Non
         attrs[semconv.ATTR_STEP_CUDAGRAPH_TOKENS] = eng.graph.tokens
         attrs[semconv.ATTR_CUDAGRAPH_MAX_CAPTURED_TOKENS] = eng.graph.max_captured
     if eng is not None and eng.engine_waits:
-        attrs[semconv.ATTR_STEP_QUEUED_SECONDS] = sum(e.queued for e in eng.engine_waits)
-    waited = sum(w.seconds for w in named_waits(eng))
+        attrs[semconv.ATTR_ENGINE_QUEUED_SECONDS] = sum(e.queued for e in eng.engine_waits)
+    waited = sum(w.seconds for w in named_waits(eng, first_scheduled(schedule)))
     if waited:
         attrs[semconv.ATTR_REQUEST_WAIT_SECONDS] = waited
     act = rec.activation

@@ -34,6 +34,11 @@ class StepTime(msgspec.Struct, array_like=True, frozen=True):
     """Seconds the worker's calls for the step took (``end - start`` less the gap between them)."""
     cpu: float
     """Seconds of CPU the worker thread got within them (``time.thread_time()``)."""
+    queued: float = 0.0
+    """Seconds the worker thread was runnable without a CPU within them (``runqueue``)."""
+    queued_before: float = 0.0
+    """... and since its previous step, up to this one's start: waking up for this step
+    included (the API side counts it only within the gap before the step)."""
 
 
 class EngineWait(msgspec.Struct, array_like=True, frozen=True):
@@ -191,7 +196,9 @@ def decode(value: str) -> EnginePayload | None:
             return None
     for step in w.steps:
         if not (isfinite(step.start) and isfinite(step.end) and isfinite(step.wall)
-                and isfinite(step.cpu) and step.cpu >= 0 and step.wall >= 0):
+                and isfinite(step.cpu) and step.cpu >= 0 and step.wall >= 0
+                and isfinite(step.queued) and step.queued >= 0
+                and isfinite(step.queued_before) and step.queued_before >= 0):
             return None
     if w.graph is not None and (w.graph.tokens < 0 or w.graph.max_captured < 0
                                 or len(w.graph.mode) > 32):

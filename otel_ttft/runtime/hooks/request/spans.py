@@ -20,6 +20,7 @@ from otel_ttft.runtime.hooks import activation_verdict, first_use
 from otel_ttft.runtime.hooks.request import detail as request_detail
 from otel_ttft.runtime.hooks.request import metrics as request_metrics
 from otel_ttft.runtime.hooks.request.attributes import (
+    first_scheduled,
     named_waits,
     operation_name,
     span_attributes,
@@ -118,7 +119,7 @@ def emit_request(rec: RequestRecord, now: float) -> None:
     warmup = _warmup_spans(eng, fills)
     if warmup:
         rec.cold = True  # it waited for warm-up work (a compile, its adapter's load, a cache)
-    waits = wait_spans(eng, rec.first_tok)
+    waits = wait_spans(eng, rec.first_tok, first_scheduled(schedule))
     error = rec.rejected or rec.error
     headers = rec.trace_headers
     caller, context, kind = parent_context(
@@ -203,14 +204,17 @@ def compile_evidence(c: CompileTime) -> dict[str, Any]:
     return attrs
 
 
-def wait_spans(eng: EnginePayload | None, limit: float | None = None) -> list[Warmup]:
+def wait_spans(eng: EnginePayload | None, limit: float | None = None,
+               scheduled: float | None = None) -> list[Warmup]:
     """``prefill.wait``: per step that ran its prefill while EngineCore or the worker waited
-    for a CPU (:func:`attributes.named_waits`), the wait as a span ending with the step (at
-    ``limit`` at the latest: the first token), its evidence as attributes. Where in the step the
-    waiting fell is not measured; the rest of the step stays ``prefill``."""
+    for a CPU (:func:`attributes.named_waits`), the wait as a span (ending at ``limit`` at the
+    latest: the first token), its evidence as attributes. Where in the step the waiting fell is
+    not measured; the rest of the step stays ``prefill``."""
     out: list[Warmup] = []
-    for wait in named_waits(eng):
-        end = wait.end if limit is None else min(wait.end, limit)
+    for wait in named_waits(eng, scheduled):
+        end = wait.start + wait.seconds
+        if limit is not None and end > limit:
+            end = limit
         out.append((semconv.SPAN_PREFILL_WAIT, semconv.STAGE_PREFILL_WAIT,
                     end - wait.seconds, end, wait.evidence))
     return out

@@ -40,6 +40,7 @@ from otel_ttft.runtime.hooks.request.payload import (
     GraphDispatch,
     StepTime,
 )
+from otel_ttft.runtime.hooks.request.runqueue import RunQueueClock
 
 WARMUP_ATTR = "_otel_ttft_warmup"
 STEPS_ATTR = "_otel_ttft_steps"
@@ -140,6 +141,8 @@ class _OpenStep:
     end: float = 0.0
     wall: float = 0.0
     cpu: float = 0.0
+    queued: float = 0.0
+    queued_before: float = 0.0
     request_ids: list[str] = field(default_factory=list)
 
 
@@ -149,6 +152,8 @@ steps: list[PrefillStep] = []
 _prefilling: dict[str, int] = {}
 _open: _OpenStep | None = None  # the step whose sample_tokens is still to come
 _cpu_worker: bool | None = None  # the worker's device is a CPU (None: not known yet)
+_run_queue = RunQueueClock()  # the worker thread's wait for a CPU
+_queued_last: float | None = None  # its run-queue reading at the latest step's start or end
 
 
 def latest_step() -> Any:
@@ -205,7 +210,8 @@ def _close_step() -> None:
     global _open
     step, _open = _open, None
     if step is not None:
-        steps.append(PrefillStep(StepTime(step.start, step.end, step.wall, step.cpu),
+        steps.append(PrefillStep(StepTime(step.start, step.end, step.wall, step.cpu,
+                                          step.queued, step.queued_before),
                                  step.request_ids))
         del steps[:-256]
 
@@ -219,13 +225,28 @@ def _is_cpu_worker(worker: Any) -> bool:
 
 
 def _timed(call: Callable[..., Any], args: tuple, kwargs: dict, step: _OpenStep) -> Any:
-    wall, cpu = time.monotonic(), time.thread_time()
+    global _queued_last
+    wall, cpu, queued = time.monotonic(), time.thread_time(), _run_queue.seconds()
     try:
         return call(*args, **kwargs)
     finally:
         step.end = time.monotonic()
         step.wall += step.end - wall
         step.cpu += time.thread_time() - cpu
+        if queued is not None:
+            _queued_last = _run_queue.seconds()
+            if _queued_last is not None:
+                step.queued += _queued_last - queued
+
+
+def _queued_since_last() -> float:
+    """The worker thread's run-queue wait since its previous step began or ended (waking up for
+    this one included), and the reading taken now; every step of a CPU worker reads it."""
+    global _queued_last
+    queued = _run_queue.seconds()
+    before = queued - _queued_last if queued is not None and _queued_last is not None else 0.0
+    _queued_last = queued
+    return before
 
 
 def wrap_execute_model(call: Callable[..., Any], instance: Any, args: tuple,
@@ -236,14 +257,15 @@ def wrap_execute_model(call: Callable[..., Any], instance: Any, args: tuple,
     if _open is not None:  # the previous step had no sample_tokens call (pooling, no tokens)
         _close_step()
     scheduler_output = _last_step
-    if not scheduler_output.scheduled_new_reqs and not _prefilling:
-        return call(*args, **kwargs)
     if not _is_cpu_worker(instance):
+        return call(*args, **kwargs)
+    before = _queued_since_last()
+    if not scheduler_output.scheduled_new_reqs and not _prefilling:
         return call(*args, **kwargs)
     ids = _prefill_ids(scheduler_output)
     if not ids:
         return call(*args, **kwargs)
-    step = _OpenStep(time.monotonic(), request_ids=ids)
+    step = _OpenStep(time.monotonic(), queued_before=before, request_ids=ids)
     output = _timed(call, args, kwargs, step)
     _open_or_close(step, output)
     return output
