@@ -220,3 +220,21 @@ def test_analyze_reads_the_stages_from_a_request_span_without_children():
     assert got.keys() == want.keys() == stage_attrs.keys()
     for stage in want:
         assert got[stage] == pytest.approx(want[stage], abs=2e-6)
+
+
+def test_a_request_without_children_keeps_its_named_wait():
+    """A slow request the policy gave no children (a model's tail) still has the wait its
+    attributes name: ``prefill.wait`` out of its Prefill, the rest prefill."""
+    spans = fx.request("s", "m", made=10.0, arrival=10.001, queue=0.030, prefill=1.012)
+    server = next(s for s in spans if s["name"] == semconv.SPAN_REQUEST)
+    bare = [s for s in spans if s["parent_span_id"] != server["span_id"]]
+    server["attributes"].update({semconv.REQUEST_STAGE_SECONDS[semconv.STAGE_FRONTEND]: 0.004,
+                                 semconv.REQUEST_STAGE_SECONDS[semconv.STAGE_QUEUE]: 0.030,
+                                 semconv.REQUEST_STAGE_SECONDS[semconv.STAGE_PREFILL]: 1.012,
+                                 semconv.ATTR_REQUEST_WAIT_SECONDS: 1.0})
+    (request,) = collect([bare]).requests
+    out: dict[str, float] = {}
+    for start, end, stage in request.segments:
+        out[stage] = out.get(stage, 0.0) + (end - start) / 1e9
+    assert out[semconv.STAGE_PREFILL_WAIT] == pytest.approx(1.0, abs=2e-6)
+    assert out[semconv.STAGE_PREFILL] == pytest.approx(0.012, abs=2e-6)

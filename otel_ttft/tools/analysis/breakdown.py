@@ -372,16 +372,21 @@ def _attribute_segments(a: dict, lo: int, hi: int) -> list[Segment]:
     uses); what rounding leaves over is frontend, as for an uncovered instant."""
     out: list[Segment] = []
     cursor = lo
-    first_use = _float(a.get(semconv.ATTR_REQUEST_FIRST_USE_SECONDS)) or 0.0
+    # inside a stage, a sub-stage the request's attributes give: laid first (front-end cache
+    # fills happen before the engine is asked; where in Prefill its wait fell is not known)
+    inner = {semconv.STAGE_FRONTEND: (semconv.STAGE_WARMUP_FIRST_USE,
+                                      _float(a.get(semconv.ATTR_REQUEST_FIRST_USE_SECONDS))),
+             semconv.STAGE_PREFILL: (semconv.STAGE_PREFILL_WAIT,
+                                     _float(a.get(semconv.ATTR_REQUEST_WAIT_SECONDS)))}
     for stage in _ATTRIBUTE_STAGES:
         seconds = _seconds(a.get(semconv.REQUEST_STAGE_SECONDS[stage]))
-        if stage == semconv.STAGE_FRONTEND and seconds and 0 < first_use <= seconds:
-            # the front end's cache fills come first: they happen before the engine is asked
-            end = min(hi, cursor + int(first_use * _NS))
+        sub, sub_seconds = inner.get(stage, (None, None))
+        if sub and seconds and sub_seconds and 0 < sub_seconds <= seconds:
+            end = min(hi, cursor + int(sub_seconds * _NS))
             if end > cursor:
-                _append(out, cursor, end, semconv.STAGE_WARMUP_FIRST_USE)
+                _append(out, cursor, end, sub)
                 cursor = end
-            seconds -= first_use
+            seconds -= sub_seconds
         end = min(hi, cursor + int(seconds * _NS)) if seconds and seconds > 0 else cursor
         if end > cursor:
             _append(out, cursor, end, stage)

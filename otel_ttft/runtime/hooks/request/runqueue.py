@@ -8,6 +8,10 @@ same CPU are) loses that time wherever in the step it falls, including outside t
 on the CPU: neither shows as the worker's wall time against its CPU time, both show here. A
 stopped process is not on the run queue: that is the worker's wall-against-CPU reading.
 Where the file is absent (no schedstats in the kernel, not Linux) the clock reads ``None``.
+
+A worker that sleeps between requests is woken through ZeroMQ: its I/O thread (libzmq names it
+``ZMQbg/IO/N``) must run first, then the worker's thread. Either can wait for the CPU there, so
+the worker's clock (``with_io_threads``) adds its process's ZeroMQ I/O threads' delay to its own.
 """
 
 from __future__ import annotations
@@ -19,25 +23,30 @@ import threading
 _PATH = "/proc/thread-self/schedstat"
 
 
+_IO_THREAD = "ZMQbg/IO/"
+
+
 class RunQueueClock:
-    """The run-queue delay of the thread that reads it; the file is opened once per thread."""
+    """The run-queue delay of the thread that reads it (and, ``with_io_threads``, of its
+    process's ZeroMQ I/O threads); the files are opened once per reading thread."""
 
-    __slots__ = ("_fd", "_thread", "_broken")
+    __slots__ = ("_fds", "_thread", "_broken", "_io")
 
-    def __init__(self) -> None:
-        self._fd: int | None = None
+    def __init__(self, *, with_io_threads: bool = False) -> None:
+        self._fds: list[int] = []
         self._thread: int | None = None
         self._broken = False
+        self._io = with_io_threads
 
     def seconds(self) -> float | None:
-        """Seconds this thread has waited on the run queue since it started, or ``None``."""
+        """Seconds these threads have waited on the run queue since they started, or
+        ``None``."""
         if self._broken:
             return None
         try:
             if self._thread != threading.get_ident():
                 self._reopen()
-            fields = os.pread(self._fd, 96, 0).split()
-            return int(fields[1]) / 1e9
+            return sum(int(os.pread(fd, 96, 0).split()[1]) for fd in self._fds) / 1e9
         except (OSError, IndexError, ValueError, TypeError):
             self._broken = True
             self.close()
@@ -45,11 +54,25 @@ class RunQueueClock:
 
     def _reopen(self) -> None:
         self.close()
-        self._fd = os.open(_PATH, os.O_RDONLY | os.O_CLOEXEC)
         self._thread = threading.get_ident()
+        self._fds.append(os.open(_PATH, os.O_RDONLY | os.O_CLOEXEC))
+        if self._io:
+            self._fds += [os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+                          for tid in _io_threads()]
 
     def close(self) -> None:
-        fd, self._fd, self._thread = self._fd, None, None
-        if fd is not None:
+        fds, self._fds, self._thread = self._fds, [], None
+        for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def _io_threads() -> list[str]:
+    """This process's ZeroMQ I/O threads, by the name libzmq gives them (at most 8)."""
+    found = []
+    with contextlib.suppress(OSError):
+        for tid in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError), open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().startswith(_IO_THREAD):
+                    found.append(tid)
+    return found[:8]

@@ -71,15 +71,16 @@ def parent_context(trace_headers: Mapping[str, str] | None,
 def _fill(span: trace.Span, segments: list[Segment], first_decode: tuple[float, float] | None,
           warmup: list[Warmup]) -> None:
     """The request span's stage children: segments that tile its TTFT, the warm-up paid inside
-    it under the segment it started in, and ``first_decode``."""
-    pending = sorted(warmup, key=lambda w: w[2])
+    it under the segment that holds its middle (a wait that starts when the request was
+    scheduled belongs to Prefill, not to the Queue that ends there), and ``first_decode``."""
+    pending = sorted(warmup, key=lambda w: w[2] + w[3])
     for seg in segments:
         attrs: dict[str, Any] = {semconv.ATTR_STAGE: seg.stage}
         if seg.stage == semconv.STAGE_FRONTEND:
             attrs[semconv.ATTR_FRONTEND_PHASE] = (
                 "input" if seg.name == semconv.SPAN_REQUEST_INPUT else "output")
         child = _child(seg.name, span, ns(seg.start), ns(seg.end), attrs)
-        while pending and seg.start <= pending[0][2] <= seg.end:
+        while pending and seg.start <= (pending[0][2] + pending[0][3]) / 2 <= seg.end:
             name, stage, w_start, w_end, w_attrs = pending.pop(0)
             _child(name, child, ns(w_start), ns(w_end), {semconv.ATTR_STAGE: stage, **w_attrs})
     for name, stage, w_start, w_end, w_attrs in pending:  # outside every segment: the request's

@@ -152,7 +152,7 @@ steps: list[PrefillStep] = []
 _prefilling: dict[str, int] = {}
 _open: _OpenStep | None = None  # the step whose sample_tokens is still to come
 _cpu_worker: bool | None = None  # the worker's device is a CPU (None: not known yet)
-_run_queue = RunQueueClock()  # the worker thread's wait for a CPU
+_run_queue = RunQueueClock(with_io_threads=True)  # the worker's (and its wake-up's) wait
 _queued_last: float | None = None  # its run-queue reading at the latest step's start or end
 
 
