@@ -135,11 +135,14 @@ def test_a_worker_stopped_or_starved_inside_a_prefill_is_a_named_wait(receiver, 
     assert wall >= STOP_S
     assert wall - cpu >= STOP_S * 0.9
     assert evidence[semconv.ATTR_STEP_CPU_RATIO] == pytest.approx(cpu / wall)
-    wait_ns = wait["end_ns"] - wait["start_ns"]
-    assert wait_ns == pytest.approx((wall - cpu) * 1e9, abs=1e6)
+    # The wait is the stop, plus what the worker waited on the run queue to wake up for the
+    # step (its run-queue reading: microseconds on a quiet machine).
+    queued = evidence[semconv.ATTR_STEP_QUEUED_SECONDS]
+    wait_s = (wait["end_ns"] - wait["start_ns"]) / 1e9
+    assert wall - cpu - 1e-6 <= wait_s <= wall - cpu + queued + 1e-6
     assert prefill["start_ns"] <= wait["start_ns"] <= wait["end_ns"] <= prefill["end_ns"]
     # The request names it too, and its prefill is the stop plus the step's own work.
-    assert attrs[semconv.ATTR_REQUEST_WAIT_SECONDS] == pytest.approx(wall - cpu)
+    assert attrs[semconv.ATTR_REQUEST_WAIT_SECONDS] == pytest.approx(wait_s, abs=1e-6)
     assert attrs[semconv.ATTR_STEP_CPU_RATIO] < 0.5
     assert attrs[semconv.ATTR_REQUEST_STAGE_PREFILL_SECONDS] >= STOP_S
 
