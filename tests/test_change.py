@@ -402,4 +402,10 @@ def test_a_wait_for_a_cpu_is_named_with_the_installed_vllms_cpu_binding_not_trie
         "cpu-placement", [], [], {}, semconv.STAGE_PREFILL_WAIT)
     binding = sorted(n for n in vocab.env if n.startswith("VLLM_CPU_") and "BIND" in n)
     assert binding and all(n in c["reason"] for n in binding)  # vLLM's own names
-    assert "1.000 s" in c["reason"]
+    assert "of 1 of 1 requests, 1.000 s" in c["reason"]
+    # a scenario where some requests waited: how many, and how long, not a median of zero
+    rows += [_row("resident-dual", ttft=0.01, stages={"prefill": 0.005}),
+             _row("resident-dual", ttft=0.8, stages={"prefill": 0.75},
+                  subs={semconv.STAGE_PREFILL_WAIT: 0.7})]
+    (c,) = change.propose(v, rows, BASE, _run(), FITTING, vocab)["candidates"]
+    assert "of 2 of 3 requests, 0.700 to 1.000 s" in c["reason"]

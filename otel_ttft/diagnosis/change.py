@@ -38,9 +38,8 @@ from typing import Any
 
 from otel_ttft import semconv
 from otel_ttft.diagnosis import vocabulary as knobs
-from otel_ttft.diagnosis.change_rules import (
+from otel_ttft.diagnosis.change_evidence import (
     FILL_CACHE,
-    RULES,
     SIDE_CLIENT,
     SIDE_DRIVER,
     SIDE_SERVER,
@@ -48,6 +47,7 @@ from otel_ttft.diagnosis.change_rules import (
     Builder,
     Evidence,
 )
+from otel_ttft.diagnosis.change_rules import RULES
 
 __all__ = ["FILL_CACHE", "SIDE_CLIENT", "SIDE_DRIVER", "SIDE_SERVER", "WARM_PREFIX", "change_lines",
            "describe", "propose"]
