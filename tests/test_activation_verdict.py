@@ -127,6 +127,40 @@ def test_cold_requests_count_their_warm_up_as_warm_up():
     assert "to its cold requests' first tokens" in j["summary"]
 
 
+def test_cold_requests_that_lost_the_prefix_cache_are_named_with_the_warm_up():
+    """Earlier activations' cold requests read 1,000 of their 1,200 prompt tokens from vLLM's
+    prefix cache (their servers were warmed by a shared prefix); this one's read none, and its
+    cold requests' prefill grew by seconds (a long shared history on a large model; against a
+    whole start, tens of milliseconds are noise): the uncached prefix is named, with the
+    warm-up."""
+    def cold(i, prefill, cached, **extra):
+        return dict(record(i, **extra), cold={
+            "requests": 3, "ttft_s": 0.05 + prefill, "stages": {"frontend": 0.05,
+                                                                  "prefill": prefill},
+            "prompt_tokens": 1200, "cached_tokens": cached})
+
+    earlier = [cold(i, 0.6 + 0.01 * i, 1000) for i in range(1, 6)]
+    j = diagnosis.judge(cold(9, 7.2, 0), earlier, phase=semconv.VERDICT_PHASE_COLD_REQUESTS)
+    assert (j["stage"], j["substage"], j["recommendation"]) == (
+        "prefill", semconv.STAGE_PREFILL_UNCACHED_PREFIX, "warm-up"), j["summary"]
+    assert j["substage_increase_s"] == pytest.approx(7.2 * 1000 / 1200, abs=1e-3)
+    assert (j["evidence"]["cold_cached_tokens"], j["evidence"]["cold_uncached_prefix_tokens"]) \
+        == (0, 1000)
+    from otel_ttft.runtime.hooks.activation_verdict import attributes
+
+    span = attributes(j)  # what the verdict span carries
+    assert (span[semconv.ATTR_VERDICT_COLD_CACHED_TOKENS],
+            span[semconv.ATTR_VERDICT_COLD_UNCACHED_PREFIX_TOKENS]) == (0, 1000)
+    # the same prefill growth with the cache as full as before: not the prefix cache
+    j = diagnosis.judge(cold(9, 7.2, 1000), earlier, phase=semconv.VERDICT_PHASE_COLD_REQUESTS)
+    assert j["substage"] != semconv.STAGE_PREFILL_UNCACHED_PREFIX, j["summary"]
+    # a record from a file anyone could write: token counts that are not counts are left out
+    bad = dict(cold(9, 7.2, 0), cold={"requests": 3, "ttft_s": 7.25, "stages": {
+        "prefill": 7.2}, "prompt_tokens": "many", "cached_tokens": -1})
+    assert diagnosis.judge(bad, earlier, phase=semconv.VERDICT_PHASE_COLD_REQUESTS)[
+        "substage"] != semconv.STAGE_PREFILL_UNCACHED_PREFIX
+
+
 # --- the runtime, on a real vLLM config and real SDK spans -------------------------------------
 @pytest.fixture(scope="module")
 def vllm_config(tiny_model):

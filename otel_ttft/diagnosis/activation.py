@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otel_ttft import semconv
-from otel_ttft.diagnosis import change, rule
+from otel_ttft.diagnosis import change, prefix, rule
 from otel_ttft.diagnosis.thresholds import ALERT_THRESHOLDS, AlertThresholds
 from otel_ttft.diagnosis.vocabulary import Vocabulary
 
@@ -131,12 +131,28 @@ def as_row(record: dict, phase: str = semconv.VERDICT_PHASE_READY) -> dict:
             if key != family:
                 substages[key] = substages.get(key, 0.0) + seconds
     ev = record.get("evidence") or {}
-    return {"client_ttft_s": total, "stages": families, "substages": substages,
-            "model": record.get("model"), "prompt_tokens": None, "waiting_at_arrival": None,
-            "evidence": {"bytes_read": ev.get("bytes_read") or 0,
-                         "page_cache_resident_ratio": ev.get("page_cache_resident_ratio"),
-                         "compile_cache_hit": ev.get("compile_cache_hit"),
-                         "model_was_resident": False}}
+    row = {"client_ttft_s": total, "stages": families, "substages": substages,
+           "model": record.get("model"), "prompt_tokens": None, "waiting_at_arrival": None,
+           "evidence": {"bytes_read": ev.get("bytes_read") or 0,
+                        "page_cache_resident_ratio": ev.get("page_cache_resident_ratio"),
+                        "compile_cache_hit": ev.get("compile_cache_hit"),
+                        "model_was_resident": False}}
+    cold = record.get("cold") or {}
+    if phase == semconv.VERDICT_PHASE_COLD_REQUESTS and _tokens(cold.get("prompt_tokens")) \
+            and _tokens(cold.get("cached_tokens")) is not None:
+        # the cold requests' prompts, one label for all: their prefix-cache share is compared
+        # with the earlier activations' (``prefix``)
+        row.update(prompt=COLD_PROMPTS, prompt_tokens=cold["prompt_tokens"])
+        row["evidence"]["cached_tokens"] = min(cold["cached_tokens"], cold["prompt_tokens"])
+    return row
+
+
+COLD_PROMPTS = "cold requests"
+
+
+def _tokens(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 \
+        else None
 
 
 @dataclass(frozen=True)
@@ -175,23 +191,28 @@ def judge(current: dict, earlier: Sequence[dict], *, phase: str = semconv.VERDIC
     rows = [as_row(r, phase) for r in base]
     totals = [r["client_ttft_s"] for r in rows]
     thin = len(base) < rule.MIN_BASELINE_N
-    v = rule.verdict(f"this {out['kind']}", f"the earlier {out['kind']}s", [as_row(current, phase)],
+    # cold requests' prefill of prompt tokens the earlier activations' cold requests read from
+    # the prefix cache: named as the uncached prefix, as ``analyze`` names it
+    (now,) = prefix.split([as_row(current, phase)], rows) if cold else [as_row(current, phase)]
+    for key in ("cached_tokens", "uncached_prefix_tokens", "baseline_cached_share"):
+        if key in now["evidence"]:  # what the cold requests read from the prefix cache
+            out["evidence"][f"cold_{key}"] = now["evidence"][key]
+    v = rule.verdict(f"this {out['kind']}", f"the earlier {out['kind']}s", [now],
                      rows, thin=thresholds if thin else None)
     out.update(outcome=v["outcome"], baseline=BASELINE_THIN if thin else BASELINE_MEASURED,
                baseline_s=round(rule.median(totals), 6), last_s=round(totals[-1], 6),
                best_s=round(min(totals), 6), verdict=v)
     if v["outcome"] == rule.EXPANDED:
         fix, advice = rule.fix_for(v["substage"], v["stage"])
-        proposal = change.propose(v, [as_row(current, phase)], rows, {}, [
+        proposal = change.propose(v, [now], rows, {}, [
             ActivationFacts(current.get("model"), dict(current.get("facts") or {}),
                             int((current.get("evidence") or {}).get("bytes_read") or 0))],
             vocab, vocab_error)
         first = next((c for c in proposal["candidates"] if not c["missing"]), None)
         sub = v["substage"]
         if sub and sub != v["stage"]:
-            now = as_row(current, phase)["substages"].get(sub, 0.0)
-            out["substage_increase_s"] = round(
-                now - rule.median([r["substages"].get(sub, 0.0) for r in rows]), 6)
+            out["substage_increase_s"] = round(now["substages"].get(sub, 0.0) - rule.median(
+                [r["substages"].get(sub, 0.0) for r in rows]), 6)
         out.update(stage=v["stage"], substage=v["substage"], increase_s=v["delta_s"],
                    recommendation=fix, fix=advice, change_summary=proposal.get("summary", ""),
                    change=_knobs(first) if first else [])

@@ -141,6 +141,10 @@ ATTR_VERDICT_DURATION_S = "ttft.verdict.duration_seconds"  # this activation, s 
 ATTR_VERDICT_BASELINE_S = "ttft.verdict.baseline_seconds"
 ATTR_VERDICT_LAST_S = "ttft.verdict.last_seconds"  # the previous activation's duration, s
 ATTR_VERDICT_BEST_S = "ttft.verdict.best_seconds"  # the fastest earlier activation's duration, s
+#: on the cold-requests verdict: prompt tokens its cold requests read from vLLM's prefix cache
+ATTR_VERDICT_COLD_CACHED_TOKENS = "ttft.verdict.cold.cached_tokens"
+#: ... and those the earlier starts' cold requests read from it that these computed
+ATTR_VERDICT_COLD_UNCACHED_PREFIX_TOKENS = "ttft.verdict.cold.uncached_prefix_tokens"
 #: keep-resident | persist-artifacts | warm-up | tune-admission | tune-context | none
 ATTR_VERDICT_RECOMMENDATION = "ttft.verdict.recommendation"
 ATTR_VERDICT_FIX = "ttft.verdict.fix"  # what to change, in words

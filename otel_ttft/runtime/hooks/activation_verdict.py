@@ -66,6 +66,9 @@ class _Judged:
     cold_done: int = 0
     cold_ttft: float = 0.0
     cold_stages: dict[str, float] = field(default_factory=dict)
+    #: prompt tokens of the cold requests that said how many came from the prefix cache, and those
+    cold_prompt_tokens: int = 0
+    cold_cached_tokens: int = 0
     finished: bool = False
     saving: threading.Thread | None = None  # the save at ready: the one after cold waits for it
 
@@ -216,9 +219,11 @@ def _save(path: Path | None, record: dict) -> None:
 
 
 def request_done(activation: Any, index: int, ttft_s: float | None,
-                 stages: dict[str, float], warmup: Any = ()) -> None:
+                 stages: dict[str, float], warmup: Any = (), *,
+                 prompt_tokens: int | None = None, cached_tokens: int | None = None) -> None:
     """A request finished (``index``: its place after its activation, 1 = first). Once the
-    activation's cold requests are all done, judge it again with their warm-up counted."""
+    activation's cold requests are all done, judge it again with their warm-up counted, and
+    with how much of their prompts vLLM's prefix cache held."""
     judged = _judged
     if (judged is None or judged.finished or not 0 < index <= config.current.cold_requests
             or getattr(getattr(activation, "span_context", None), "trace_id", None)
@@ -229,6 +234,9 @@ def request_done(activation: Any, index: int, ttft_s: float | None,
             return
         judged.cold_ttft += ttft_s or 0.0
         _add_request_stages(judged.cold_stages, stages, warmup)
+        if prompt_tokens and cached_tokens is not None:
+            judged.cold_prompt_tokens += prompt_tokens
+            judged.cold_cached_tokens += min(cached_tokens, prompt_tokens)
         judged.cold_done += 1
         if judged.cold_done < config.current.cold_requests:
             return
@@ -258,9 +266,13 @@ def _add_request_stages(into: dict[str, float], stages: dict[str, float], warmup
 
 def _judge_cold(judged: _Judged) -> None:
     try:
-        record = dict(judged.record, cold={
+        cold: dict[str, Any] = {
             "requests": judged.cold_done, "ttft_s": round(judged.cold_ttft, 6),
-            "stages": {k: round(v, 6) for k, v in judged.cold_stages.items()}})
+            "stages": {k: round(v, 6) for k, v in judged.cold_stages.items()}}
+        if judged.cold_prompt_tokens:
+            cold.update(prompt_tokens=judged.cold_prompt_tokens,
+                        cached_tokens=judged.cold_cached_tokens)
+        record = dict(judged.record, cold=cold)
         result = diagnosis.judge(record, judged.earlier,
                                  phase=semconv.VERDICT_PHASE_COLD_REQUESTS,
                                  vocab=judged.vocab, vocab_error=judged.vocab_error)
@@ -297,7 +309,11 @@ def attributes(result: dict) -> dict[str, Any]:
                 semconv.ATTR_VERDICT_LAST_S: result.get("last_s"),
                 semconv.ATTR_VERDICT_BEST_S: result.get("best_s"),
                 semconv.ATTR_VERDICT_FIX: result.get("fix") or None,
-                semconv.ATTR_VERDICT_CHANGE: list(result.get("change") or ()) or None}
+                semconv.ATTR_VERDICT_CHANGE: list(result.get("change") or ()) or None,
+                semconv.ATTR_VERDICT_COLD_CACHED_TOKENS:
+                    (result.get("evidence") or {}).get("cold_cached_tokens"),
+                semconv.ATTR_VERDICT_COLD_UNCACHED_PREFIX_TOKENS:
+                    (result.get("evidence") or {}).get("cold_uncached_prefix_tokens")}
     attrs.update({k: v for k, v in optional.items() if v is not None})
     return attrs
 

@@ -153,7 +153,8 @@ def emit_request(rec: RequestRecord, now: float) -> None:
     request_metrics.record_request(ttft, stages, rec.model, rec.cold,
                                    eng.waiting if eng is not None else None, usage,
                                    context=ctx, operation=operation_name(rec.ext_id))
-    activation_verdict.request_done(rec.activation, rec.cold_index, ttft, stages, warmup)
+    activation_verdict.request_done(rec.activation, rec.cold_index, ttft, stages, warmup,
+                                    prompt_tokens=rec.prompt_len, cached_tokens=rec.cached)
 
 
 def preemption_events(rec: RequestRecord, schedule: list[tuple[str, float]]
