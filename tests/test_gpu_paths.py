@@ -115,6 +115,13 @@ def _request_hook(name):
     return next(h for h in request.HOOKS if h.name == name)
 
 
+def _config():
+    """A real ``VllmConfig`` for a CPU device (vLLM's GPU wheel cannot infer one here)."""
+    from vllm.config import DeviceConfig, VllmConfig
+
+    return VllmConfig(device_config=DeviceConfig(device="cpu"))
+
+
 @pytest.fixture
 def prefill_step(monkeypatch):
     """The worker is inside a step that starts requests ``a`` and ``b`` (vLLM's real
@@ -134,13 +141,13 @@ def prefill_step(monkeypatch):
 def test_a_prefill_step_outside_the_captured_graphs_is_noted_as_eager(hooks, prefill_step):
     """V1's real ``CudagraphDispatcher``, its keys built for capture sizes up to 16 (the CPU
     platform captures none, so the sizes are set as a GPU's config would have them)."""
-    from vllm.config import CUDAGraphMode, VllmConfig
+    from vllm.config import CUDAGraphMode
     from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
 
     from otel_ttft.runtime.hooks.request import engine, payload, worker
 
     hooks(_request_hook("request.graph_dispatch"))
-    config = VllmConfig()
+    config = _config()
     config.compilation_config.cudagraph_capture_sizes = [1, 2, 4, 8, 16]
     config.compilation_config.max_cudagraph_capture_size = 16
     dispatcher = CudagraphDispatcher(config)
@@ -166,13 +173,13 @@ def test_a_prefill_step_outside_the_captured_graphs_is_noted_as_eager(hooks, pre
 
 
 def test_a_prefill_step_inside_the_captured_graphs_is_noted_with_its_mode(hooks, prefill_step):
-    from vllm.config import CUDAGraphMode, VllmConfig
+    from vllm.config import CUDAGraphMode
     from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
 
     from otel_ttft.runtime.hooks.request import worker
 
     hooks(_request_hook("request.graph_dispatch"))
-    config = VllmConfig()
+    config = _config()
     config.compilation_config.cudagraph_capture_sizes = [1, 2, 4, 8, 16]
     config.compilation_config.max_cudagraph_capture_size = 16
     dispatcher = CudagraphDispatcher(config)
@@ -208,3 +215,47 @@ def test_model_runner_v2s_graph_decision_is_noted(hooks, prefill_step):
     (note,) = worker.pending
     assert (note.mode, note.tokens, note.max_captured, note.request_ids) == (
         "NONE", 100, 8, ["a", "b"])
+
+
+def _compiled_here(x):
+    return (x * 2).sum(-1)
+
+
+def test_a_compile_and_a_recompile_inside_a_step_are_noted_with_what_compiled(hooks,
+                                                                              prefill_step):
+    """torch's real Dynamo, its compile callbacks hooked: a function compiled inside a step is
+    noted with its frame and the step's shape; the same function for a shape it had not seen
+    is a recompile (Dynamo's attempt number). Before any step (start-up) nothing is noted."""
+    import torch
+
+    from otel_ttft.runtime.hooks.request import payload, worker
+
+    hooks(_request_hook("request.step_compile_start"), _request_hook("request.step_compile_end"))
+    torch._dynamo.reset()
+    fn = torch.compile(_compiled_here, backend="eager", dynamic=False)
+    fn(torch.ones(2, 3))
+    first, = worker.pending
+    assert isinstance(first, payload.CompileTime)
+    assert first.frame == "test_gpu_paths.py:_compiled_here"
+    assert (first.recompile, first.model_graph) == (False, False)
+    assert (first.step_tokens, first.step_requests) == (0, 0)  # the empty step's shape
+    assert first.end >= first.start
+    fn(torch.ones(5, 3))  # a shape Dynamo had not seen: a guard fails, the frame compiles again
+    _, again = worker.pending
+    assert again.frame == first.frame and again.recompile is True
+    worker.pending.clear()
+    fn(torch.ones(5, 3))  # compiled for that shape: nothing
+    assert worker.pending == []
+
+
+def test_compiles_before_the_first_step_are_start_ups_not_a_requests(hooks, monkeypatch):
+    import torch
+
+    from otel_ttft.runtime.hooks.request import worker
+
+    monkeypatch.setattr(worker, "_last_step", None)
+    monkeypatch.setattr(worker, "pending", [])
+    hooks(_request_hook("request.step_compile_start"), _request_hook("request.step_compile_end"))
+    torch._dynamo.reset()
+    torch.compile(_compiled_here, backend="eager")(torch.ones(2, 3))
+    assert worker.pending == []
