@@ -137,6 +137,8 @@ def test_doctor_names_the_runner_vllm_builds_here_and_its_coverage():
                       "warmup.graph_capture": "n/a"}
     idle = {h["name"] for h in report["hooks"] if h["idle"]}
     assert {"warmup.kv_alloc_v2", "warmup.graph_capture_v2", "warmup.graph_capture"} <= idle
+    # this host runs no CUDA graphs: neither dispatcher's hook covers anything here
+    assert {"request.graph_dispatch", "request.graph_dispatch_v2"} <= idle
     assert "warmup.kv_alloc" not in idle and "warmup.profile_cpu" not in idle
     text = _doctor().stdout
     line = next(x for x in text.splitlines() if "warmup.graph_capture_v2" in x)

@@ -22,11 +22,8 @@ import pytest
 
 from otel_ttft import semconv
 from otel_ttft.tools import cli
-from otel_ttft.tools.replay.command import run_argv
-from otel_ttft.tools.replay.demo import wait_quiet
 from otel_ttft.tools.replay.drivers import DEFAULT_TEMPLATE
-from otel_ttft.tools.sink.receiver import OTLPReceiver
-from otel_ttft.tools.sink.store import SpanStore
+from tests.replayed import replay_and_analyze, rows, verdict
 from tests.vllm_args import EAGER_ARGS
 
 pytestmark = [pytest.mark.vllm, pytest.mark.acceptance]
@@ -38,36 +35,19 @@ EAGER = DEFAULT_TEMPLATE + " " + " ".join(EAGER_ARGS)
 @pytest.fixture(scope="module")
 def replayed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict]]:
     tmp = tmp_path_factory.mktemp("first-use")
-    receiver = OTLPReceiver(SpanStore(tmp / "store"))
-    receiver.start()
-    try:
-        rc = run_argv(["--scenarios", "switch-back,short-prompt", "--switch-ahead",
-                       "--logprobs", "2", "--repeat-warm", "4", "--max-tokens", "4",
-                       "--serve-a", EAGER, "--serve-b", EAGER,
-                       "--otlp-endpoint", receiver.http_endpoint, "--out", str(tmp / "logs")])
-        assert rc == 0, f"replay failed; logs in {tmp / 'logs'}"
-        wait_quiet(receiver.store)
-    finally:
-        receiver.stop()
-    out = tmp / "analysis.json"
-    assert cli.main(["analyze", str(tmp / "store"), "--json", str(out)]) == 0
-    yield tmp, json.loads(out.read_text())
-
-
-def _rows(doc: dict, scenario: str) -> list[dict]:
-    rows = [r for r in doc["requests"] if r["scenario"] == scenario]
-    assert rows, f"no answered {scenario} request"
-    return rows
+    yield tmp, replay_and_analyze(tmp, [
+        "--scenarios", "switch-back,short-prompt", "--switch-ahead", "--logprobs", "2",
+        "--repeat-warm", "4", "--max-tokens", "4", "--serve-a", EAGER, "--serve-b", EAGER])
 
 
 def test_the_first_request_asking_for_logprobs_pays_a_compile_named_with_its_fix(replayed):
     _, doc = replayed
     assert doc["run"]["sampling"]["logprobs"] == 2
-    for r in _rows(doc, "short-prompt"):  # warmed as users send: compiled before it was timed
+    for r in rows(doc, "short-prompt"):  # warmed as users send: compiled before it was timed
         assert STEP_COMPILE not in r["substages"], r
-    (back,) = _rows(doc, "switch-back")
+    (back,) = rows(doc, "switch-back")
     assert back["substages"][STEP_COMPILE] > 0, back
-    v = next(v for v in doc["verdicts"] if v["scenario"] == "switch-back")
+    v = verdict(doc, "switch-back")
     assert (v["stage"], v["substage"], v["recommendation"]) == (
         semconv.STAGE_WARMUP, STEP_COMPILE, "warm-up"), v["summary"]
     first = v["change"]["candidates"][0]

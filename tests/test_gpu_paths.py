@@ -157,7 +157,7 @@ def test_a_prefill_step_outside_the_captured_graphs_is_noted_as_eager(hooks, pre
     assert mode == CUDAGraphMode.NONE  # vLLM's own decision, unchanged
     dispatcher.dispatch(8)  # a second dispatch in the same step: the first one stands
     (note,) = worker.pending
-    assert note == payload.GraphDispatch("NONE", 100, 16, ["a", "b"])
+    assert note == payload.GraphDispatch(payload.GraphChoice("NONE", 100, 16), ["a", "b"])
 
     # EngineCore hands it to the requests the step started, and they carry it to the API.
     states = {rid: payload.EnginePayload(1.0, 0, 0, 1, 2) for rid in ("a", "b", "c")}
@@ -176,7 +176,7 @@ def test_a_prefill_step_inside_the_captured_graphs_is_noted_with_its_mode(hooks,
     from vllm.config import CUDAGraphMode
     from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
 
-    from otel_ttft.runtime.hooks.request import worker
+    from otel_ttft.runtime.hooks.request import payload, worker
 
     hooks(_request_hook("request.graph_dispatch"))
     config = _config()
@@ -188,7 +188,7 @@ def test_a_prefill_step_inside_the_captured_graphs_is_noted_with_its_mode(hooks,
     dispatcher.initialize_cudagraph_keys(CUDAGraphMode.PIECEWISE, 1)
     assert dispatcher.dispatch(8)[0] == CUDAGraphMode.PIECEWISE
     (note,) = worker.pending
-    assert (note.mode, note.tokens, note.max_captured) == ("PIECEWISE", 8, 16)
+    assert note.choice == payload.GraphChoice("PIECEWISE", 8, 16)
 
 
 def test_model_runner_v2s_graph_decision_is_noted(hooks, prefill_step):
@@ -198,7 +198,7 @@ def test_model_runner_v2s_graph_decision_is_noted(hooks, prefill_step):
     from vllm.config import CUDAGraphMode
     from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor, CudaGraphManager
 
-    from otel_ttft.runtime.hooks.request import worker
+    from otel_ttft.runtime.hooks.request import payload, worker
 
     hooks(_request_hook("request.graph_dispatch_v2"))
     manager = object.__new__(CudaGraphManager)
@@ -213,8 +213,7 @@ def test_model_runner_v2s_graph_decision_is_noted(hooks, prefill_step):
     manager._graphs_captured = True
     assert manager.dispatch(2, 100, None, 0).cg_mode == CUDAGraphMode.NONE
     (note,) = worker.pending
-    assert (note.mode, note.tokens, note.max_captured, note.request_ids) == (
-        "NONE", 100, 8, ["a", "b"])
+    assert (note.choice, note.request_ids) == (payload.GraphChoice("NONE", 100, 8), ["a", "b"])
 
 
 def _compiled_here(x):

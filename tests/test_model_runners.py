@@ -63,6 +63,18 @@ def test_every_stage_of_every_runner_has_a_live_hook_on_it(runner):
             assert owner in cls.__mro__, (runner.target, hook.target)
 
 
+@pytest.mark.parametrize("runner", runners.RUNNERS, ids=lambda r: r.target)
+def test_each_runner_with_cuda_graphs_has_its_dispatchers_hook(runner):
+    """V1 runners ask ``CudagraphDispatcher``, V2 runners ``CudaGraphManager``; a runner that
+    captures graphs through neither (CPU, encoder-only) has no decision to note."""
+    if runner.stages[semconv.STAGE_WARMUP_GRAPH_CAPTURE] is None or runner.mm_encoder_only:
+        assert runner.graph_decision is None
+        return
+    assert runner.graph_decision == (runners.DISPATCH_V2 if runner.v2 else runners.DISPATCH_V1)
+    hook = _hook(runner.graph_decision)
+    assert resolve(hook) == (True, "ok"), hook.target
+
+
 def _parameters(target: str) -> list[str]:
     module, _, qualname = target.partition(":")
     owner, attr = qualname.rsplit(".", 1)

@@ -27,11 +27,8 @@ import pytest
 
 from otel_ttft import semconv
 from otel_ttft.tools import cli
-from otel_ttft.tools.replay.command import run_argv
-from otel_ttft.tools.replay.demo import wait_quiet
 from otel_ttft.tools.replay.drivers import DEFAULT_TEMPLATE
-from otel_ttft.tools.sink.receiver import OTLPReceiver
-from otel_ttft.tools.sink.store import SpanStore
+from tests.replayed import replay_and_analyze, rows, verdict
 from tests.vllm_args import EAGER_ARGS
 
 pytestmark = pytest.mark.vllm
@@ -45,30 +42,10 @@ A_2048 = EAGER + " --max-model-len 2048"
 def replayed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict]]:
     """The replay and its analysis, shared by the tests below (two server starts)."""
     tmp = tmp_path_factory.mktemp("prefix-cache")
-    receiver = OTLPReceiver(SpanStore(tmp / "store"))
-    receiver.start()
-    try:
-        rc = run_argv(["--scenarios", "switch-back,short-prompt,long-prompt", "--switch-ahead",
-                       "--repeat-warm", "4", "--max-tokens", "4", "--max-model-len", "2048",
-                       "--serve-a", A_2048, "--serve-b", EAGER,
-                       "--otlp-endpoint", receiver.http_endpoint, "--out", str(tmp / "logs")])
-        assert rc == 0, f"replay failed; logs in {tmp / 'logs'}"
-        wait_quiet(receiver.store)
-    finally:
-        receiver.stop()
-    out = tmp / "analysis.json"
-    assert cli.main(["analyze", str(tmp / "store"), "--json", str(out)]) == 0
-    yield tmp, json.loads(out.read_text())
-
-
-def _rows(doc: dict, scenario: str) -> list[dict]:
-    rows = [r for r in doc["requests"] if r["scenario"] == scenario]
-    assert rows, f"no answered {scenario} request"
-    return rows
-
-
-def _verdict(doc: dict, scenario: str) -> dict:
-    return next(v for v in doc["verdicts"] if v["scenario"] == scenario)
+    yield tmp, replay_and_analyze(tmp, [
+        "--scenarios", "switch-back,short-prompt,long-prompt", "--switch-ahead",
+        "--repeat-warm", "4", "--max-tokens", "4", "--max-model-len", "2048",
+        "--serve-a", A_2048, "--serve-b", EAGER])
 
 
 def test_a_switch_that_emptied_the_prefix_cache_is_named_with_the_warm_up(replayed):
@@ -77,17 +54,17 @@ def test_a_switch_that_emptied_the_prefix_cache_is_named_with_the_warm_up(replay
     prompts = doc["run"]["prompts"]
     assert prompts["short"]["shared_prefix_tokens"] > 1000 and \
         prompts["long"]["shared_prefix_tokens"] == 0
-    base = _rows(doc, "short-prompt")
+    base = rows(doc, "short-prompt")
     # warm: every chat turn read its shared prefix from vLLM's prefix cache (whole blocks of it)
     for r in base:
         assert r["evidence"]["cached_tokens"] >= 1024 and UNCACHED not in r["substages"], r
-    (back,) = _rows(doc, "switch-back")
+    (back,) = rows(doc, "switch-back")
     # activated ahead, probes only: the process warm, the prefix cache cold
     assert back["evidence"]["cached_tokens"] == 0, back["evidence"]
     assert not back["evidence"].get("among_first_requests"), back["evidence"]
     assert back["evidence"]["uncached_prefix_tokens"] >= 1024
     assert back["substages"][UNCACHED] > back["substages"].get(semconv.STAGE_PREFILL, 0.0)
-    v = _verdict(doc, "switch-back")
+    v = verdict(doc, "switch-back")
     assert (v["stage"], v["substage"], v["recommendation"]) == ("prefill", UNCACHED,
                                                                 "warm-up"), v
     assert "the prefix cache was colder than the baseline's" in v["evidence"]["note"]
@@ -99,10 +76,10 @@ def test_a_switch_that_emptied_the_prefix_cache_is_named_with_the_warm_up(replay
 
 def test_a_long_prompt_with_no_shared_prefix_still_gets_tune_context(replayed):
     _, doc = replayed
-    for r in _rows(doc, "long-prompt"):
+    for r in rows(doc, "long-prompt"):
         assert r["evidence"]["cached_tokens"] < 128, r["evidence"]  # not one whole block
         assert UNCACHED not in r["substages"]
-    v = _verdict(doc, "long-prompt")
+    v = verdict(doc, "long-prompt")
     assert (v["stage"], v["substage"], v["recommendation"]) == ("prefill", "prefill",
                                                                 "tune-context"), v
     assert "prefix-caching" not in [c["id"] for c in v["change"]["candidates"]]
@@ -123,5 +100,5 @@ def test_verify_sends_the_shared_prefix_after_activation_and_the_sub_stage_goes(
     # the re-run's user request read the shared prefix the warm-up left in the cache
     again = out / "again.json"
     assert cli.main(["analyze", str(out / "store"), "--json", str(again)]) == 0
-    (user,) = _rows(json.loads(again.read_text()), "switch-back")
+    (user,) = rows(json.loads(again.read_text()), "switch-back")
     assert user["evidence"]["cached_tokens"] >= 1024, user["evidence"]

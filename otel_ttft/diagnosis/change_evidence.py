@@ -126,6 +126,8 @@ class Builder:
             missing += [a.partition("=")[0] for a in args
                         if a.startswith("--") and not vocab.has_flag(a.partition("=")[0])]
             missing += [n for n in env or {} if not vocab.has_env(n)]
+            if prepare == WARM_PREFIX and vocab.routes and CHAT_ROUTE not in vocab.routes:
+                missing.append(CHAT_ROUTE)  # the warm-up is a chat turn
         replaces = {}
         server = self.ev.server
         if server is not None and vocab is not None:

@@ -299,14 +299,12 @@ def _warm_up(b: Builder) -> None:
     routes = vocab.routes if vocab is not None else frozenset()
     where = (f"POST {CHAT_ROUTE} with max_tokens 1" if CHAT_ROUTE in routes
              else "one completion request with max_tokens 1")
-    c = b.add("prefix-warm-up",
+    b.add("prefix-warm-up",
               f"{tokens:g} prompt tokens the baseline read from vLLM's prefix cache"
               + (f" ({share:.0%} of its prompt)" if share is not None else "")
               + f" were computed after the switch, {seconds:.2f} s of prefill: send the shared "
                 f"prefix (system prompt, history) once after activation ({where}) before "
                 "routing users", side=SIDE_DRIVER, prepare=WARM_PREFIX)
-    if vocab is not None and routes and CHAT_ROUTE not in routes:
-        c["missing"].append(CHAT_ROUTE)
     clears = vocab.sleep_clears_prefix_cache_from if vocab is not None else None
     sleep = (f"; vLLM's engine clears the prefix cache when it sleeps at level {clears} or "
              f"above (EngineCore.sleep), so sleep mode does not keep it" if clears is not None
@@ -325,15 +323,12 @@ def _first_use_warm_up(b: Builder) -> None:
     logprobs = sampling.get("logprobs") if isinstance(sampling, dict) else None
     asks = (f" (they ask for {logprobs} logprobs per token)"
             if isinstance(logprobs, int) and logprobs > 0 else "")
-    c = b.add("first-use-warm-up",
+    b.add("first-use-warm-up",
               f"vLLM compiled on first use inside a request's step, {seconds:.2f} s that the "
               f"start-up's warm-up did not reach: send one request as users send them"
               f"{asks} after each activation, before routing users (the request span's "
               f"torch.compile child names what compiled: ttft.compile.frame)",
               side=SIDE_DRIVER, prepare=WARM_PREFIX, stage=semconv.STAGE_WARMUP_STEP_COMPILE)
-    routes = ev.vocab.routes if ev.vocab is not None else frozenset()
-    if routes and CHAT_ROUTE not in routes:
-        c["missing"].append(CHAT_ROUTE)
 
 
 RULES = {PERSIST_ARTIFACTS: _persist, KEEP_RESIDENT: _keep_resident,

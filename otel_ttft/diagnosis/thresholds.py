@@ -37,11 +37,6 @@ STEP_WAIT_MIN_SECONDS = 0.005
 STEP_WAIT_MAX_CPU_RATIO = 0.8
 
 
-def step_waited(wall_s: float, cpu_s: float) -> bool:
-    """Whether a step whose worker thread got ``cpu_s`` of ``wall_s`` waited for a CPU."""
-    return waited(wall_s, wall_s - cpu_s)
-
-
 def waited(window_s: float, wait_s: float) -> bool:
     """Whether ``wait_s`` without a CPU within ``window_s`` is a wait worth a name: at least
     ``STEP_WAIT_MIN_SECONDS`` and more than the share of the window a healthy step loses."""

@@ -173,8 +173,9 @@ def choose(device: str | None, serve_args: list[str],
     }
     # Runner-specific hooks that belong to runners that will not run: they resolve, but cover
     # nothing here.
-    own = set(runner.stages.values()) if runner else set()
-    result["idle_hooks"] = sorted({name for r in runners.RUNNERS for name in r.stages.values()
+    own = {*runner.stages.values(), runner.graph_decision} if runner else set()
+    result["idle_hooks"] = sorted({name for r in runners.RUNNERS
+                                   for name in (*r.stages.values(), r.graph_decision)
                                    if name is not None} - own)
     return result
 

@@ -37,6 +37,8 @@ KV_V1, KV_V2 = "warmup.kv_alloc", "warmup.kv_alloc_v2"
 GRAPHS_V1, GRAPHS_V2, GRAPHS_MM = ("warmup.graph_capture", "warmup.graph_capture_v2",
                                    "warmup.graph_capture_mm_encoder")
 LOAD_V1, LOAD_V2 = "load.runner", "load.runner_v2"
+#: V1 runners ask ``CudagraphDispatcher``, V2 runners ``CudaGraphManager`` (``request.graphs``)
+DISPATCH_V1, DISPATCH_V2 = "request.graph_dispatch", "request.graph_dispatch_v2"
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,8 @@ class Runner:
     v2: bool
     mm_encoder_only: bool = False
     stages: Mapping[str, str | None] = field(default_factory=dict)
+    #: the hook on the CUDA-graph dispatcher this runner asks each step (``None``: no graphs)
+    graph_decision: str | None = None
 
     @property
     def class_path(self) -> str:
@@ -63,8 +67,10 @@ def _stages(load: str, profile: str, kv: str, graphs: str | None) -> dict[str, s
 
 _GPU = ("cuda",)  # CUDA and ROCm both report device_type "cuda"; their worker is gpu_worker.Worker
 RUNNERS: tuple[Runner, ...] = (
-    Runner(V1, _GPU, v2=False, stages=_stages(LOAD_V1, PROFILE_GPU, KV_V1, GRAPHS_V1)),
-    Runner(V2, _GPU, v2=True, stages=_stages(LOAD_V2, PROFILE_GPU, KV_V2, GRAPHS_V2)),
+    Runner(V1, _GPU, v2=False, stages=_stages(LOAD_V1, PROFILE_GPU, KV_V1, GRAPHS_V1),
+           graph_decision=DISPATCH_V1),
+    Runner(V2, _GPU, v2=True, stages=_stages(LOAD_V2, PROFILE_GPU, KV_V2, GRAPHS_V2),
+           graph_decision=DISPATCH_V2),
     Runner(MM_ENCODER, _GPU, v2=True, mm_encoder_only=True,
            stages=_stages(LOAD_V2, PROFILE_GPU, KV_V2, GRAPHS_MM)),
     Runner("vllm.v1.worker.cpu_model_runner:CPUModelRunner", ("cpu",), v2=False,
@@ -72,9 +78,9 @@ RUNNERS: tuple[Runner, ...] = (
     Runner("vllm.v1.worker.cpu.model_runner:CPUModelRunner", ("cpu",), v2=True,
            stages=_stages(LOAD_V2, PROFILE_CPU, KV_V2, None)),
     Runner("vllm.v1.worker.xpu_model_runner:XPUModelRunner", ("xpu",), v2=False,
-           stages=_stages(LOAD_V1, PROFILE_GPU, KV_V1, GRAPHS_V1)),
+           stages=_stages(LOAD_V1, PROFILE_GPU, KV_V1, GRAPHS_V1), graph_decision=DISPATCH_V1),
     Runner("vllm.v1.worker.xpu_model_runner:XPUModelRunnerV2", ("xpu",), v2=True,
-           stages=_stages(LOAD_V2, PROFILE_GPU, KV_V2, GRAPHS_V2)),
+           stages=_stages(LOAD_V2, PROFILE_GPU, KV_V2, GRAPHS_V2), graph_decision=DISPATCH_V2),
     Runner("vllm.v1.worker.xpu_model_runner:XPUMMEncoderModelRunner", ("xpu",), v2=True,
            mm_encoder_only=True, stages=_stages(LOAD_V2, PROFILE_GPU, KV_V2, GRAPHS_MM)),
 )

@@ -14,7 +14,7 @@ from otel_ttft.runtime import clock, config
 from otel_ttft.runtime.hooks import first_use
 from otel_ttft.runtime.hooks.request.payload import EnginePayload, StepTime
 from otel_ttft.runtime.hooks.request.state import RequestRecord
-from otel_ttft.runtime.hooks.request.timeline import PREEMPTED, SCHEDULED
+from otel_ttft.runtime.hooks.request.timeline import PREEMPTED, SCHEDULED, first_scheduled
 
 # (SamplingParams field, attribute, the value that means "not set": then the attribute is left
 # out, as the GenAI conventions ask for choice.count; each attribute costs encoding per request)
@@ -123,11 +123,6 @@ def named_waits(eng: EnginePayload | None, scheduled: float | None = None) -> li
         out.append(Wait(start, seconds, evidence))
     out += [w for i, (_, w) in enumerate(worker) if i not in used]
     return sorted(out, key=lambda w: w.start)
-
-
-def first_scheduled(schedule: list[tuple[str, float]]) -> float | None:
-    """When the request was first scheduled (``None``: not known)."""
-    return next((ts for kind, ts in schedule if kind == SCHEDULED), None)
 
 
 _CHAT_PREFIXES = ("chatcmpl-", "resp-")  # vLLM's request ids: chat completions, responses

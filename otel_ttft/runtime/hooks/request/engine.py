@@ -149,11 +149,10 @@ def _charge_warmup(events: list[worker.Note]) -> None:
     started."""
     for event in events:
         if isinstance(event, payload.GraphDispatch):
-            choice = payload.GraphChoice(event.mode, event.tokens, event.max_captured)
             for rid in event.request_ids:
                 st = _state.get(rid)
                 if st is not None and st.graph is None:
-                    st.graph = choice
+                    st.graph = event.choice
             continue
         for st in _state.values():
             if st.queued > event.start:

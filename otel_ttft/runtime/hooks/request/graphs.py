@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from otel_ttft.runtime.hooks.request import worker
-from otel_ttft.runtime.hooks.request.payload import GraphDispatch
+from otel_ttft.runtime.hooks.request.payload import GraphChoice, GraphDispatch
 
 _noted_step: Any = None  # the SchedulerOutput whose first dispatch was noted
 
@@ -33,8 +33,8 @@ def _unnoted_prefill_step() -> Any:
 def _note(step: Any, mode: Any, tokens: int, max_captured: int) -> None:
     global _noted_step
     _noted_step = step
-    worker.keep(GraphDispatch(getattr(mode, "name", str(mode)), int(tokens), int(max_captured),
-                              [r.req_id for r in step.scheduled_new_reqs]))
+    choice = GraphChoice(getattr(mode, "name", str(mode)), int(tokens), int(max_captured))
+    worker.keep(GraphDispatch(choice, [r.req_id for r in step.scheduled_new_reqs]))
 
 
 def wrap_dispatch_v1(call: Callable[..., Any], instance: Any, args: tuple,

@@ -65,11 +65,9 @@ class GraphChoice(msgspec.Struct, array_like=True, frozen=True):
 
 class GraphDispatch(msgspec.Struct, array_like=True, frozen=True):
     """A worker's note of one step's CUDA-graph decision, for the requests it starts
-    (worker -> EngineCore only; EngineCore keeps a :class:`GraphChoice` per request)."""
+    (worker -> EngineCore only; EngineCore keeps the choice per request)."""
 
-    mode: str
-    tokens: int
-    max_captured: int
+    choice: GraphChoice
     request_ids: list[str]
 
 

@@ -20,7 +20,6 @@ from otel_ttft.runtime.hooks import activation_verdict, first_use
 from otel_ttft.runtime.hooks.request import detail as request_detail
 from otel_ttft.runtime.hooks.request import metrics as request_metrics
 from otel_ttft.runtime.hooks.request.attributes import (
-    first_scheduled,
     named_waits,
     operation_name,
     span_attributes,
@@ -30,6 +29,7 @@ from otel_ttft.runtime.hooks.request.state import RequestRecord
 from otel_ttft.runtime.hooks.request.timeline import (
     PREEMPTED,
     Segment,
+    first_scheduled,
     stage_durations,
     tile,
 )

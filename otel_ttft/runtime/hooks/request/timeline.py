@@ -21,6 +21,11 @@ class Segment(NamedTuple):
     end: float
 
 
+def first_scheduled(schedule: list[tuple[str, float]]) -> float | None:
+    """When the request was first scheduled (``None``: not known)."""
+    return next((ts for kind, ts in schedule if kind == SCHEDULED), None)
+
+
 def tile(arrival: float, queued: float | None, schedule: list[tuple[str, float]],
          first_token: float | None, ttft_end: float | None, end: float) -> list[Segment]:
     """Segments from arrival to the first token handed over (or to ``end`` if none came).
@@ -41,7 +46,7 @@ def tile(arrival: float, queued: float | None, schedule: list[tuple[str, float]]
         segs.append(Segment(stage, name, cur, t))
         cur = t
 
-    first_sched = next((ts for kind, ts in schedule if kind == SCHEDULED), None)
+    first_sched = first_scheduled(schedule)
     if queued is None:
         queued = first_sched if first_sched is not None else (first_token or limit)
     close(semconv.STAGE_FRONTEND, semconv.SPAN_REQUEST_INPUT, queued)
