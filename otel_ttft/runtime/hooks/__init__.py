@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from otel_ttft.runtime.hooks.registry import Hook
+from otel_ttft.runtime.state import PartSpec
 
 
 def all_hooks() -> list[Hook]:
@@ -23,3 +24,9 @@ def all_hooks() -> list[Hook]:
     return [*activation.HOOKS, *load.HOOKS, *warmup.HOOKS, *rpc.HOOKS, *switch.HOOKS,
             *fault.HOOKS, *request.HOOKS,
             *first_use.HOOKS]
+
+
+def all_parts() -> list[PartSpec]:
+    """Every family's state part, in the order they are made (a part may read the ones made
+    before it from the state being built); closed in the reverse order."""
+    return []

@@ -14,6 +14,7 @@ included. Hooks also stand aside while instrumentation is suppressed
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import inspect
 import logging
@@ -38,7 +39,9 @@ class Hook:
 
     ``wrapper`` is a wrapt-style ``(call, instance, args, kwargs)`` function, ``async def`` for
     coroutine targets, or a :class:`Stream` subclass for async-generator targets; ``call`` runs
-    vLLM's function (once). The registry applies the one failure rule to each kind alike.
+    vLLM's function (once). The registry applies the one failure rule to each kind alike. With
+    ``state`` set, the wrapper takes that part of the process's state first:
+    ``(part, call, instance, args, kwargs)``, and a stream ``open(part, instance, args, kwargs)``.
     """
 
     name: str  # stable id, used by OTEL_TTFT_DISABLED_HOOKS and doctor
@@ -49,6 +52,7 @@ class Hook:
     # (an api_server hook is not installed in vLLM's spawned engine and worker processes)
     optional: bool = False  # absent on some builds (GPU-only modules): no warning when missing
     needs: str | None = None  # a ``config.Config`` flag that must be on for it to be applied
+    state: str | None = None  # the state part (``runtime.state``) the wrapper is handed first
     failed: bool = field(default=False, compare=False)
     applied: bool = field(default=False, compare=False)
 
@@ -109,8 +113,7 @@ class _AsyncCall(_Call):
         return self.result
 
 
-def _guard_sync(hook: Hook) -> WrapperFn:
-    fn = hook.wrapper
+def _guard_sync(hook: Hook, fn: Callable[..., Any]) -> WrapperFn:
 
     def guarded(wrapped, instance, args, kwargs):
         if hook.failed or not is_instrumentation_enabled():
@@ -127,8 +130,7 @@ def _guard_sync(hook: Hook) -> WrapperFn:
     return guarded
 
 
-def _guard_async(hook: Hook) -> WrapperFn:
-    fn = hook.wrapper
+def _guard_async(hook: Hook, fn: Callable[..., Any]) -> WrapperFn:
 
     async def guarded(wrapped, instance, args, kwargs):
         if hook.failed or not is_instrumentation_enabled():
@@ -188,15 +190,14 @@ class Stream:
         pass
 
 
-def _guard_stream(hook: Hook) -> WrapperFn:
-    cls = hook.wrapper
+def _guard_stream(hook: Hook, open_: Callable[..., Stream | None]) -> WrapperFn:
 
     def guarded(wrapped, instance, args, kwargs):
         inner = wrapped(*args, **kwargs)
         if hook.failed or not is_instrumentation_enabled():
             return inner
         try:
-            observer = cls.open(instance, args, kwargs)
+            observer = open_(instance, args, kwargs)
         except Exception as exc:
             report_failure(hook, exc)
             return inner
@@ -264,13 +265,15 @@ async def _pass_through(hook: Hook, inner: Any, obs: Stream) -> AsyncIterator[An
                     report_failure(hook, exc)
 
 
-def guard(hook: Hook) -> WrapperFn:
-    """The wrapt wrapper that applies the failure rule (and suppression) to ``hook``."""
+def guard(hook: Hook, part: Any = None) -> WrapperFn:
+    """The wrapt wrapper that applies the failure rule (and suppression) to ``hook``, with
+    ``part`` (its state) bound first where the hook names one."""
+    bind = (lambda fn: functools.partial(fn, part)) if hook.state is not None else (lambda fn: fn)
     if isinstance(hook.wrapper, type) and issubclass(hook.wrapper, Stream):
-        return _guard_stream(hook)
+        return _guard_stream(hook, bind(hook.wrapper.open))
     if inspect.iscoroutinefunction(hook.wrapper):
-        return _guard_async(hook)
-    return _guard_sync(hook)
+        return _guard_async(hook, bind(hook.wrapper))
+    return _guard_sync(hook, bind(hook.wrapper))
 
 
 def resolve(hook: Hook) -> tuple[bool, str]:
@@ -310,9 +313,13 @@ def spawned_child() -> bool:
 class HookSet:
     """Applies hooks lazily on import, and undoes them on uninstrument."""
 
-    def __init__(self, hooks: list[Hook]):
+    def __init__(self, hooks: list[Hook], state: Any = None):
         self.hooks = hooks
+        self.state = state  # a ``runtime.state.ProcessState``; its parts go to hooks naming one
         self.active = False
+
+    def _part(self, hook: Hook) -> Any:
+        return None if hook.state is None else self.state.part(hook.state)
 
     def apply(self, disabled: set[str] = frozenset()) -> None:
         self.active = True
@@ -345,7 +352,7 @@ class HookSet:
                                    hook.target, hook.name)
                 return
             try:
-                wrapt.wrap_function_wrapper(parent, attr, guard(hook))
+                wrapt.wrap_function_wrapper(parent, attr, guard(hook, self._part(hook)))
                 hook.applied = True
                 applied[hook.name] = hook
             except Exception as exc:  # noqa: BLE001

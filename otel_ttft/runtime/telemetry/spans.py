@@ -69,7 +69,8 @@ def tag_span(span: Span, stage: str | None, attributes: Mapping[str, Any] | None
 @contextmanager
 def stage_span(name: str, stage: str | None, *, enrich: str | None = None,
                attributes: Mapping[str, Any] | None = None,
-               context: otel_context.Context | None = None) -> Iterator[Span]:
+               context: otel_context.Context | None = None,
+               tracer: trace.Tracer | None = None) -> Iterator[Span]:
     """Yield the span that measures this stage.
 
     If vLLM already has its span ``enrich`` open around us, that span is the stage: we add our
@@ -81,7 +82,7 @@ def stage_span(name: str, stage: str | None, *, enrich: str | None = None,
         yield current
         return
     # The stage goes in at start: span processors (the in-flight tracker) see it on_start.
-    span = _tracer.start_span(name, context=context, start_time=clock.now_ns(),
+    span = (tracer or _tracer).start_span(name, context=context, start_time=clock.now_ns(),
                               attributes={semconv.ATTR_STAGE: stage} if stage else None)
     tag_span(span, stage, attributes)
     token = otel_context.attach(trace.set_span_in_context(span))
@@ -99,9 +100,10 @@ def stage_span(name: str, stage: str | None, *, enrich: str | None = None,
 def emit_span(name: str, start_ns: int, end_ns: int, *, stage: str | None = None,
               context: otel_context.Context | None = None,
               attributes: Mapping[str, Any] | None = None,
-              kind: SpanKind = SpanKind.INTERNAL) -> Span:
+              kind: SpanKind = SpanKind.INTERNAL,
+              tracer: trace.Tracer | None = None) -> Span:
     """A finished span from timestamps already taken (one clock, epoch ns)."""
-    span = _tracer.start_span(name, context=context, start_time=start_ns, kind=kind)
+    span = (tracer or _tracer).start_span(name, context=context, start_time=start_ns, kind=kind)
     tag_span(span, stage, attributes)
     span.end(end_time=max(end_ns, start_ns))
     return span
