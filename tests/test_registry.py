@@ -347,3 +347,88 @@ def test_an_api_server_hook_is_not_installed_in_a_spawned_engine_process(fake_pk
         assert not scoped.applied and anywhere.applied
     finally:
         hooks.remove()
+
+
+def test_a_hook_naming_a_state_part_is_handed_that_part(fake_pkg):
+    """The openai-v2 shape: state built by the instrumentor and passed to the wrapper, never a
+    module global."""
+    from otel_ttft.runtime.config import Config
+    from otel_ttft.runtime.state import PartSpec, ProcessState
+
+    class Counts:
+        def __init__(self, ps):
+            self.config, self.calls, self.closed = ps.config, [], False
+
+        def close(self):
+            self.closed = True
+
+    def counted(part, call, instance, args, kwargs):
+        part.calls.append(args)
+        return call(*args, **kwargs)
+
+    state = ProcessState(Config(cold_requests=7), [PartSpec("counts", Counts)])
+    hooks = HookSet([Hook("t.helper", f"{fake_pkg}:helper", counted, state="counts")], state)
+    hooks.apply()
+    assert __import__(fake_pkg).helper(1) == 2
+    part = state.part("counts")
+    assert part.calls == [(1,)] and part.config.cold_requests == 7
+    hooks.remove()
+    state.close()
+    assert part.closed and state.parts == {}
+
+
+def test_state_closes_newest_first_and_one_failure_does_not_stop_the_rest(caplog):
+    from otel_ttft.runtime.config import Config
+    from otel_ttft.runtime.state import PartSpec, ProcessState
+
+    closed = []
+
+    def part(name, fail=False):
+        class P:
+            def close(self):
+                closed.append(name)
+                if fail:
+                    raise RuntimeError("boom")
+        return PartSpec(name, lambda ps: P())
+
+    state = ProcessState(Config(), [part("a"), part("b", fail=True), part("c")])
+    with caplog.at_level(logging.WARNING, logger="otel_ttft"):
+        state.close()
+    assert closed == ["c", "b", "a"]
+    assert "closing state b failed" in caplog.text
+    with pytest.raises(ValueError):
+        ProcessState(Config(), [part("a"), part("a")])
+
+
+def test_remove_leaves_no_import_watch_behind(fake_pkg):
+    """A target module never imported is no longer waited for after remove(): nothing of ours
+    stays on ``sys.meta_path``, and a second apply/remove cycle adds exactly one watch."""
+    from otel_ttft.runtime.hooks.on_import import ImportWatch
+
+    def ours():
+        return [f for f in sys.meta_path if isinstance(f, ImportWatch)]
+
+    before = len(ours())
+    calls = []
+    for _ in range(2):
+        hooks = HookSet([Hook("t.helper", f"{fake_pkg}:helper", _tracking(calls))])
+        hooks.apply()
+        assert len(ours()) == before + 1
+        hooks.remove()
+        assert len(ours()) == before
+    mod = __import__(fake_pkg)
+    assert mod.helper(1) == 2 and calls == []
+    assert mod.__spec__.loader.__class__.__name__ != "_ThenNotify"
+
+
+def test_the_watch_leaves_once_every_watched_module_is_imported(fake_pkg):
+    from otel_ttft.runtime.hooks.on_import import ImportWatch
+
+    calls = []
+    hooks = HookSet([Hook("t.helper", f"{fake_pkg}:helper", _tracking(calls))])
+    hooks.apply()
+    mod = __import__(fake_pkg)
+    assert not any(isinstance(f, ImportWatch) and f is hooks._watch for f in sys.meta_path)
+    assert mod.__loader__.__class__.__name__ != "_ThenNotify"
+    assert mod.helper(2) == 3 and calls == [(2,)]
+    hooks.remove()

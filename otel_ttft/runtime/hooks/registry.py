@@ -26,6 +26,7 @@ import wrapt
 from opentelemetry import trace
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 
+from otel_ttft.runtime.hooks.on_import import ImportWatch
 from otel_ttft.semconv import ATTR_HOOK_ERROR
 
 logger = logging.getLogger("otel_ttft")
@@ -311,23 +312,41 @@ def spawned_child() -> bool:
 
 
 class HookSet:
-    """Applies hooks lazily on import, and undoes them on uninstrument."""
+    """Applies hooks as their modules are imported (``on_import.ImportWatch``), and undoes
+    them on uninstrument: every wrapper taken off, the watch for modules never imported gone.
+
+    ``state`` (a ``runtime.state.ProcessState``) gives each hook that names a part its part; a
+    set made without one (tests, ``scripts/gpu_check_torch.py``) makes its own from the default
+    config, and closes it on ``remove``."""
 
     def __init__(self, hooks: list[Hook], state: Any = None):
         self.hooks = hooks
-        self.state = state  # a ``runtime.state.ProcessState``; its parts go to hooks naming one
+        self.state = state
+        self._own_state = False
+        self._watch: ImportWatch | None = None
         self.active = False
 
     def _part(self, hook: Hook) -> Any:
-        return None if hook.state is None else self.state.part(hook.state)
+        if hook.state is None:
+            return None
+        if self.state is None:
+            from otel_ttft.runtime.config import Config
+            from otel_ttft.runtime.hooks import all_parts
+            from otel_ttft.runtime.state import ProcessState
+
+            self.state, self._own_state = ProcessState(Config(), all_parts()), True
+        return self.state.part(hook.state)
 
     def apply(self, disabled: set[str] = frozenset()) -> None:
         self.active = True
         child = spawned_child()
+        by_module: dict[str, list[Callable[[Any], None]]] = {}
         for hook in self.hooks:
             if hook.name in disabled or (child and hook.process == "api_server"):
                 continue
-            wrapt.register_post_import_hook(self._patcher(hook), hook.module)
+            by_module.setdefault(hook.module, []).append(self._patcher(hook))
+        self._watch = ImportWatch(by_module)
+        self._watch.install()
 
     def apply_to(self, module: Any) -> None:
         """Patch every hook into ``module`` now, whatever its name: a stand-in with vLLM's names
@@ -362,8 +381,11 @@ class HookSet:
 
     def remove(self, module: Any = None) -> None:
         """Undo every wrapper (in ``module`` when given, as ``apply_to``); hooks for modules not
-        imported yet become no-ops."""
+        imported yet are no longer waited for."""
         self.active = False
+        if self._watch is not None:
+            self._watch.remove()
+            self._watch = None
         import sys
 
         given = module
@@ -382,3 +404,6 @@ class HookSet:
             hook.applied = False
             if applied.get(hook.name) is hook:
                 del applied[hook.name]
+        if self._own_state and self.state is not None:
+            self.state.close()
+            self.state, self._own_state = None, False
