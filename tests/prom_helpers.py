@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RULES_DIR = ROOT / "collector-config" / "rules"
 STUCK_RULE_FILE = RULES_DIR / "otel-ttft-stuck.yml"
 DASHBOARDS_DIR = ROOT / "grafana" / "dashboards"
+IMPORT_DIR = ROOT / "grafana" / "import"  # the same dashboards with __inputs, for Grafana's Import
 # What Grafana substitutes before a query reaches Prometheus ("All" is ".*").
 GRAFANA_VARS = {"$service": ".*", "$instance": ".*", "$model": ".*",
                 "$__rate_interval": "1m", "$__interval": "15s", "$__range": "1h"}
@@ -93,8 +94,8 @@ def api(url: str, path: str, **params: object) -> dict:
         return json.loads(exc.read() or b"{}") | {"http_status": exc.code}
 
 
-def dashboards() -> dict[str, dict]:
-    return {p.name: json.loads(p.read_text()) for p in sorted(DASHBOARDS_DIR.glob("*.json"))}
+def dashboards(directory: Path = DASHBOARDS_DIR) -> dict[str, dict]:
+    return {p.name: json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))}
 
 
 def panels(dashboard: dict) -> Iterator[dict]:
@@ -103,10 +104,10 @@ def panels(dashboard: dict) -> Iterator[dict]:
         yield from panel.get("panels") or []
 
 
-def prom_queries() -> list[tuple[str, int, str, str]]:
+def prom_queries(directory: Path = DASHBOARDS_DIR) -> list[tuple[str, int, str, str]]:
     """(dashboard file, panel id, panel title, PromQL with Grafana variables substituted)."""
     out = []
-    for name, dash in dashboards().items():
+    for name, dash in dashboards(directory).items():
         for panel in panels(dash):
             for target in panel.get("targets") or []:
                 if (target.get("datasource") or {}).get("type") == "prometheus":
@@ -114,12 +115,15 @@ def prom_queries() -> list[tuple[str, int, str, str]]:
     return out
 
 
-def variable_queries() -> list[tuple[str, str, str]]:
+def variable_queries(directory: Path = DASHBOARDS_DIR) -> list[tuple[str, str, str]]:
     """(variable, series selector, label) of every ``label_values(selector, label)`` variable,
-    Grafana variables substituted, one per distinct query."""
+    Grafana variables substituted, one per distinct query (data-source variables list data
+    sources, not series: left out)."""
     out = set()
-    for dash in dashboards().values():
+    for dash in dashboards(directory).values():
         for var in dash["templating"]["list"]:
+            if var["type"] == "datasource":
+                continue
             m = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", var["query"].strip())
             assert m, var["query"]
             out.add((var["name"], substitute(m.group(1)), m.group(2)))

@@ -1,4 +1,6 @@
-"""``python -m otel_ttft.tools.dashboards [--check] [DIR]``: write (or check) the dashboard JSON."""
+"""``python -m otel_ttft.tools.dashboards [--check] [DIR]``: write (or check) the dashboard JSON
+under DIR (default ``grafana/``): ``dashboards/`` for provisioning, ``import/`` for Grafana's
+Import dashboard (with ``__inputs``)."""
 
 from __future__ import annotations
 
@@ -7,21 +9,29 @@ import sys
 from pathlib import Path
 
 from otel_ttft.tools.dashboards import activations, admission, ttft
-from otel_ttft.tools.dashboards.common import to_json
+from otel_ttft.tools.dashboards.common import dump, importable, to_model
 
-DEFAULT_DIR = Path(__file__).resolve().parents[3] / "grafana" / "dashboards"
+DEFAULT_DIR = Path(__file__).resolve().parents[3] / "grafana"
+# Provisioned by grafana/provisioning/dashboards; imported by hand into any other Grafana.
+PROVISIONED, IMPORT = "dashboards", "import"
 BUILDERS = {"otel-ttft-ttft.json": ttft.build, "otel-ttft-activations.json": activations.build,
             "otel-ttft-admission.json": admission.build}
 
 
 def render() -> dict[str, str]:
-    """File name -> JSON text of every dashboard."""
-    return {name: to_json(build()) for name, build in BUILDERS.items()}
+    """Path under DIR -> JSON text of every dashboard, in both forms."""
+    out = {}
+    for name, build in BUILDERS.items():
+        model = to_model(build())
+        out[f"{PROVISIONED}/{name}"] = dump(model)
+        out[f"{IMPORT}/{name}"] = dump(importable(model))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m otel_ttft.tools.dashboards")
-    parser.add_argument("dir", nargs="?", type=Path, default=DEFAULT_DIR)
+    parser.add_argument("dir", nargs="?", type=Path, default=DEFAULT_DIR,
+                        help="the grafana/ directory (default: this checkout's)")
     parser.add_argument("--check", action="store_true",
                         help="exit 1 if a committed file differs from what the code generates")
     args = parser.parse_args(argv)

@@ -29,11 +29,12 @@ VERDICT_LABELS = ("gen_ai_request_model", "instance", TRACE_ID, *(
         semconv.ATTR_VERDICT_OUTCOME, semconv.ATTR_STAGE, semconv.ATTR_VERDICT_SUBSTAGE,
         semconv.ATTR_VERDICT_RECOMMENDATION, semconv.ATTR_VERDICT_CHANGE,
         semconv.ATTR_VERDICT_BASELINE, semconv.ATTR_VERDICT_PHASE)))
-# Grafana Explore on Tempo with the row's trace id (the table cell's raw value).
+# Grafana Explore on the dashboard's Tempo (the ``tempo`` variable, not a fixed uid) with the row's
+# trace id (the table cell's raw value); both are left unquoted for Grafana to interpolate.
 TRACE_LINK = "/explore?left=" + urllib.parse.quote(json.dumps(
-    {"datasource": "tempo", "queries": [{"refId": "A", "queryType": "traceql",
-                                         "query": "TRACE_ID"}]}, separators=(",", ":")),
-    safe="").replace("TRACE_ID", "${__value.raw}")
+    {"datasource": "TEMPO_UID", "queries": [{"refId": "A", "queryType": "traceql",
+                                             "query": "TRACE_ID"}]}, separators=(",", ":")),
+    safe="").replace("TEMPO_UID", "${tempo}").replace("TRACE_ID", "${__value.raw}")
 READ = "ttft_load_read_throughput_gigabytes_per_second"
 # Leaf stages: they do not contain one another, so stacking them does not count time twice.
 LEAF_STAGES = "|".join((

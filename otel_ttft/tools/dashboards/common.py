@@ -18,11 +18,19 @@ from grafana_foundation_sdk.models import tempo as tm
 from otel_ttft import semconv
 from otel_ttft.tools.prom import naming
 
-PROMETHEUS = dm.DataSourceRef(type_val="prometheus", uid="prometheus")
-TEMPO = dm.DataSourceRef(type_val="tempo", uid="tempo")
+# Every panel, target and query variable names its data source through a data-source variable
+# (Grafana's convention for a dashboard shared between instances): any Grafana's own Prometheus
+# and Tempo can be picked, whatever their uids. name -> (plugin type, label, import input).
+DATASOURCE_VARIABLES = {"prometheus": ("prometheus", "Prometheus", "DS_PROMETHEUS"),
+                        "tempo": ("tempo", "Tempo", "DS_TEMPO")}
+PROMETHEUS = dm.DataSourceRef(type_val="prometheus", uid="${prometheus}")
+TEMPO = dm.DataSourceRef(type_val="tempo", uid="${tempo}")
 # Label selector every Prometheus query carries (dashboard variables).
 SEL = 'job=~"$service", instance=~"$instance", gen_ai_request_model=~"$model"'
 TAGS = ["otel-ttft", "vllm"]
+# The Grafana of the SDK's models (the `dashboards` extra pins it): __requires of the import copies.
+GRAFANA_VERSION = "11.6.0"
+PANEL_NAMES = {"table": "Table", "timeseries": "Time series"}
 UIDS = {"ttft": "otel-ttft-ttft", "activations": "otel-ttft-activations",
         "admission": "otel-ttft-admission"}
 # Our request metrics as the Collector's Prometheus exporter names them.
@@ -38,10 +46,19 @@ def _var(name: str, label: str, query: str, description: str) -> db.QueryVariabl
             .multi(True).include_all(True).all_value(".*"))
 
 
-def variables() -> list[db.QueryVariable]:
-    """service (Prometheus ``job`` = OTel ``service.name``), instance (``service.instance.id``:
-    one vLLM process), model (``gen_ai.request.model``)."""
+def datasource_variables() -> list[db.DatasourceVariable]:
+    """``prometheus`` and ``tempo``: with no current value Grafana picks the instance's default
+    data source of the type (or the first one); the import copies set it from ``__inputs``."""
+    return [db.DatasourceVariable(name).label(label).type(plugin)
+            .description(f"The {label} data source otel-ttft's telemetry is in")
+            for name, (plugin, label, _input) in DATASOURCE_VARIABLES.items()]
+
+
+def variables() -> list[db.DatasourceVariable | db.QueryVariable]:
+    """The data sources, then service (Prometheus ``job`` = OTel ``service.name``), instance
+    (``service.instance.id``: one vLLM process), model (``gen_ai.request.model``)."""
     return [
+        *datasource_variables(),
         _var("service", "service", "label_values(target_info, job)",
              "OTEL_SERVICE_NAME of the vLLM processes (Prometheus job)"),
         _var("instance", "instance", 'label_values(target_info{job=~"$service"}, instance)',
@@ -108,12 +125,49 @@ def traceql_table(title: str, description: str, query: str, *, limit: int = 20,
                                 [dm.DynamicConfigValue(id_val="unit", value="ms")]))
 
 
-def to_json(dashboard: db.Dashboard) -> str:
-    """Stable JSON (sorted keys), as committed under grafana/dashboards/; panels numbered 1..n."""
+def to_model(dashboard: db.Dashboard) -> dict[str, Any]:
+    """The dashboard as Grafana's JSON model; panels numbered 1..n."""
     model = dashboard.build()
     for number, panel in enumerate(model.panels or [], start=1):
         panel.id_val = number
-    return json.dumps(json.loads(JSONEncoder().encode(model)), indent=2, sort_keys=True) + "\n"
+    return json.loads(JSONEncoder().encode(model))
+
+
+def dump(model: dict[str, Any]) -> str:
+    """Stable JSON (sorted keys), as committed under grafana/."""
+    return json.dumps(model, indent=2, sort_keys=True) + "\n"
+
+
+def importable(model: dict[str, Any]) -> dict[str, Any]:
+    """Grafana's "Export for sharing externally" shape (grafana/import/): ``__inputs`` ask the
+    importer for a Prometheus and a Tempo, which become the data-source variables' current value,
+    as Grafana's own exporter writes it; panels keep naming the variables, so the data sources
+    can still be switched after import. Not provisioned: provisioning does not read ``__inputs``."""
+    out = dict(model, id=None)
+    out["templating"] = {"list": []}
+    for var in model["templating"]["list"]:
+        if var["type"] == "datasource":
+            plugin, label, name = DATASOURCE_VARIABLES[var["name"]]
+            var = dict(var, current={"selected": True, "text": "", "value": f"${{{name}}}"})
+        out["templating"]["list"].append(var)
+    out["__inputs"] = [
+        {"name": name, "label": label, "description": f"The {label} data source otel-ttft's "
+         "telemetry is in", "type": "datasource", "pluginId": plugin, "pluginName": label}
+        for plugin, label, name in DATASOURCE_VARIABLES.values()]
+    panel_types = sorted({p["type"] for p in _all_panels(model) if p["type"] != "row"})
+    out["__requires"] = [
+        {"type": "grafana", "id": "grafana", "name": "Grafana", "version": GRAFANA_VERSION},
+        *({"type": "datasource", "id": plugin, "name": label, "version": "1.0.0"}
+          for plugin, label, _name in DATASOURCE_VARIABLES.values()),
+        *({"type": "panel", "id": t, "name": PANEL_NAMES.get(t, t), "version": ""}
+          for t in panel_types)]
+    out["__elements"] = {}
+    return out
+
+
+def _all_panels(model: dict[str, Any]) -> list[dict[str, Any]]:
+    top = model.get("panels") or []
+    return [*top, *(p for row in top for p in row.get("panels") or [])]
 
 
 def new_dashboard(key: str, title: str, description: str) -> db.Dashboard:
