@@ -75,6 +75,73 @@ def test_rule_unit_tests_pass():
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+def _rules_copy(tmp_path: Path, **edits: tuple[str, str]) -> Path:
+    """collector-config/rules/ copied to tmp_path with ``file=(old, new)`` text edits (each old
+    text must be there); returns the copy."""
+    copy = tmp_path / "rules"
+    shutil.copytree(RULES_DIR, copy)
+    for name, (old, new) in edits.items():
+        path = copy / f"{name}.yml"
+        assert old in path.read_text(), (name, old)
+        path.write_text(path.read_text().replace(old, new))
+    return copy
+
+
+WINDOW = ("\n          unless on (job, instance, ttft_activation_trace_id)\n"
+          "            present_over_time(ttft_activation_verdict_seconds[1h] offset 6h)\n")
+
+
+@needs_promtool
+def test_the_verdict_alert_resolution_test_fails_when_the_alert_never_resolves(tmp_path):
+    """The unit test that has OtelTtftActivationSlowerThanUsual resolve is not vacuous: without
+    the 6-hour window the alert fires for the life of the process, and the test says so."""
+    rules = _rules_copy(tmp_path, **{"otel-ttft-warmup": (WINDOW, "\n")})
+    out = run("promtool", "test", "rules", str(rules / "tests" / "otel-ttft-warmup.test.yml"))
+    assert out.returncode != 0
+    failed = {m for m in re.findall(r"alertname: (\w+), time: (\w+)", out.stdout + out.stderr)}
+    assert failed == {("OtelTtftActivationSlowerThanUsual", "6h1m"),
+                      ("OtelTtftActivationSlowerThanUsual", "7h30m"),
+                      ("OtelTtftActivationSlowerThanUsual", "8h10m")}, out.stdout
+
+
+def _dashboard_link(tmp_path: Path, rules: Path, with_settings: bool) -> str:
+    """The ``dashboard`` annotation of a firing verdict alert, as promtool renders it."""
+    verdict = ('ttft_activation_verdict_seconds{job="vllm",instance="a",gen_ai_request_model='
+               '"m/1",ttft_stage="warmup",ttft_verdict_substage="warmup.compile",'
+               'ttft_verdict_recommendation="r",ttft_verdict_change="c",ttft_verdict_outcome='
+               '"expanded",ttft_verdict_baseline="thin",ttft_verdict_phase="ready",'
+               'ttft_activation_trace_id="t"}')
+    files = [str(rules / "otel-ttft-warmup.yml")]
+    if with_settings:
+        files.append(str(rules / "otel-ttft-settings.yml"))
+    test = {"rule_files": files, "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": [{"series": verdict, "values": "10x30"}],
+        "alert_rule_test": [{"eval_time": "10m", "alertname": "OtelTtftActivationSlowerThanUsual",
+                             "exp_alerts": [{"exp_labels": {}, "exp_annotations": {}}]}]}]}
+    (tmp_path / "link.test.yml").write_text(yaml.safe_dump(test))
+    out = run("promtool", "test", "rules", str(tmp_path / "link.test.yml"))
+    assert out.returncode != 0  # the expectation is empty on purpose: the output shows the alert
+    links = re.findall(r'dashboard="([^"]*)"', out.stdout + out.stderr)
+    assert links, out.stdout + out.stderr
+    return links[0]
+
+
+@needs_promtool
+def test_the_grafana_url_of_alert_links_is_a_setting(tmp_path):
+    """The ``dashboard`` annotations start with the URL in otel-ttft-settings.yml; without that
+    file they are the path alone, never a host we guessed."""
+    shipped = _dashboard_link(tmp_path, RULES_DIR, with_settings=True)
+    assert shipped == "http://127.0.0.1:3000/d/otel-ttft-activations?var-model=m%2F1&var-service=vllm"
+    theirs = _rules_copy(tmp_path, **{"otel-ttft-settings": (
+        '"http://127.0.0.1:3000"', '"https://grafana.example.com/sub"')})
+    assert _dashboard_link(tmp_path, theirs, with_settings=True) == \
+        "https://grafana.example.com/sub/d/otel-ttft-activations?var-model=m%2F1&var-service=vllm"
+    assert _dashboard_link(tmp_path, RULES_DIR, with_settings=False) == \
+        "/d/otel-ttft-activations?var-model=m%2F1&var-service=vllm"
+    text = (RULES_DIR / "otel-ttft-warmup.yml").read_text()
+    assert "127.0.0.1" not in text and "localhost" not in text
+
+
 def _rules() -> list[dict]:
     doc = yaml.safe_load((RULES_DIR / "otel-ttft-warmup.yml").read_text())
     return [r for g in doc["groups"] for r in g["rules"]]
