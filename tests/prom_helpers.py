@@ -43,15 +43,17 @@ def backfill(openmetrics: bytes, data_dir: Path, work: Path, name: str) -> None:
 
 @contextmanager
 def prometheus(work: Path, *, rules: bool = True, data_dir: Path | None = None,
-               scrape_targets: tuple[str, ...] = ()) -> Iterator[str]:
-    """Prometheus on 127.0.0.1:<free port> loading the shipped rules; yields its base URL."""
+               scrape_targets: tuple[str, ...] = (), config: dict | None = None) -> Iterator[str]:
+    """Prometheus on 127.0.0.1:<free port> loading the shipped rules (or run on ``config``, a
+    whole prometheus.yml); yields its base URL."""
     data_dir = data_dir or work / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
-    cfg = {"global": {"scrape_interval": "1s", "evaluation_interval": "15s"},
-           "rule_files": [str(RULES_DIR / "*.yml")] if rules else [],
-           "scrape_configs": [{"job_name": "otel-ttft", "honor_labels": True,
-                               "static_configs": [{"targets": list(scrape_targets)}]}]
-           if scrape_targets else []}
+    cfg = config if config is not None else {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "15s"},
+        "rule_files": [str(RULES_DIR / "*.yml")] if rules else [],
+        "scrape_configs": [{"job_name": "otel-ttft", "honor_labels": True,
+                            "static_configs": [{"targets": list(scrape_targets)}]}]
+        if scrape_targets else []}
     (work / "prometheus.yml").write_text(json.dumps(cfg))  # JSON is YAML
     port = free_port()
     log = open(work / "prometheus.log", "wb")  # noqa: SIM115 - closed below
