@@ -50,7 +50,7 @@ def test_host_to_device_totals_over_the_real_safetensors_reader(exporter, tiny_m
     state = ProcessState(Config(), PARTS)
     hook_set = HookSet([load.SAFE_OPEN, load.SAFETENSORS_READS], state)
     hook_set.apply()
-    from vllm.model_executor.model_loader.weight_utils import safetensors_weights_iterator
+    from vllm.model_executor.model_loader.default_loader import safetensors_weights_iterator
 
     monkeypatch.setattr(load_shards, "device_is_accelerator", lambda: True)  # what a GPU reports
     files = [str(f) for f in checkpoint_files(tiny_model)]

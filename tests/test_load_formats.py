@@ -109,7 +109,7 @@ def test_safetensors_reader_one_span_per_open_file(exporter, load_hooks, load, t
     the other, each with the tensors read from it and its residency before the read."""
     load_hooks(*load_weights.HOOKS)
     from safetensors import safe_open
-    from vllm.model_executor.model_loader.weight_utils import safetensors_weights_iterator
+    from vllm.model_executor.model_loader.default_loader import safetensors_weights_iterator
 
     files = [str(f) for f in checkpoint_files(tiny_model)]
     tensors = _pass(load, lambda: safetensors_weights_iterator(files, False), "safe_open")
@@ -145,7 +145,7 @@ def test_safe_open_outside_vllms_reader_is_left_alone(exporter, load_hooks, tiny
 def test_a_consumer_that_stops_early_leaves_no_span_open(exporter, load_hooks, load,
                                                          tiny_model):
     load_hooks(*load_weights.HOOKS)
-    from vllm.model_executor.model_loader.weight_utils import safetensors_weights_iterator
+    from vllm.model_executor.model_loader.default_loader import safetensors_weights_iterator
 
     files = [str(f) for f in checkpoint_files(tiny_model)]
     with trace.get_tracer("vllm").start_as_current_span("Load weights") as span:
@@ -165,7 +165,7 @@ def test_closing_the_state_ends_the_pass_and_its_open_shard(exporter, load_hooks
     """Uninstrument in the middle of a load: the shard span open ends, the running pass gets
     its totals, and the part lets go of both."""
     load_hooks(*load_weights.HOOKS)
-    from vllm.model_executor.model_loader.weight_utils import safetensors_weights_iterator
+    from vllm.model_executor.model_loader.default_loader import safetensors_weights_iterator
 
     files = [str(f) for f in checkpoint_files(tiny_model)]
     with trace.get_tracer("vllm").start_as_current_span("Load weights") as span:

@@ -180,8 +180,10 @@ def _parameter_bytes(model: Any) -> int:
 
 SAFE_OPEN = Hook("load.shard_read", f"{_WEIGHT_UTILS}:safe_open", _wrap_safe_open,
                  stage=semconv.STAGE_LOAD_READ, process=WORKER, state=STATE)
+# The default loader's own name for it (its only caller): the one it calls even where vLLM imported
+# the loader before instrumenting (the plugin path loads in a worker after its imports).
 SAFETENSORS_READS = Hook("load.shard_read_safetensors",
-                         f"{_WEIGHT_UTILS}:safetensors_weights_iterator",
+                         f"{_DEFAULT_LOADER}:safetensors_weights_iterator",
                          _wrap_safetensors_iterator, stage=semconv.STAGE_LOAD_READ,
                          process=WORKER, state=STATE)
 GET_ALL_WEIGHTS = Hook("load.weights_total",
