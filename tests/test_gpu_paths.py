@@ -39,18 +39,29 @@ def test_graph_capture_enriches_vllms_capture_span(exporter, hooks):
         Runner()._capture_cudagraphs([], CUDAGraphMode.NONE)
 
 
-def test_host_to_device_totals_over_the_real_safetensors_reader(exporter, hooks, tiny_model,
+def test_host_to_device_totals_over_the_real_safetensors_reader(exporter, tiny_model,
                                                                 monkeypatch):
-    hooks(load.SAFE_OPEN)
-    from vllm.model_executor.model_loader.weight_utils import safetensors_weights_iterator
-
+    from otel_ttft.runtime.config import Config
+    from otel_ttft.runtime.hooks.load import PARTS
+    from otel_ttft.runtime.hooks.registry import HookSet
+    from otel_ttft.runtime.state import ProcessState
     from otel_ttft.tools.tiny_model import checkpoint_files
+
+    state = ProcessState(Config(), PARTS)
+    hook_set = HookSet([load.SAFE_OPEN, load.SAFETENSORS_READS], state)
+    hook_set.apply()
+    from vllm.model_executor.model_loader.default_loader import safetensors_weights_iterator
 
     monkeypatch.setattr(load_shards, "device_is_accelerator", lambda: True)  # what a GPU reports
     files = [str(f) for f in checkpoint_files(tiny_model)]
-    with trace.get_tracer("vllm").start_as_current_span("Load weights") as weights_span:
-        tensors = list(load._totals_generator(safetensors_weights_iterator(files, False),
-                                              weights_span))
+    try:
+        with trace.get_tracer("vllm").start_as_current_span("Load weights") as weights_span:
+            tensors = list(load._totals_generator(state.part(load_shards.STATE),
+                                                  safetensors_weights_iterator(files, False),
+                                                  weights_span))
+    finally:
+        hook_set.remove()
+        state.close()
     (weights,) = _finished(exporter, "Load weights")
     tensor_bytes = sum(t.numel() * t.element_size() for _, t in tensors)
     assert weights.attributes[semconv.ATTR_H2D_BYTES] == tensor_bytes

@@ -12,8 +12,8 @@ from __future__ import annotations
 from opentelemetry import trace
 
 from otel_ttft import semconv
+from otel_ttft.runtime.hooks.load.shards import STATE, LoadState
 from otel_ttft.runtime.hooks.registry import Hook
-from otel_ttft.runtime.telemetry import spans
 from otel_ttft.semconv import PROCESS_WORKER as WORKER
 
 _LOAD_MODEL = "Load model"
@@ -25,11 +25,11 @@ def _inside_load_model() -> bool:
 
 
 def _timed(name: str, stage: str, call_name: str | None = None):
-    def wrapper(call, instance, args, kwargs):
+    def wrapper(load: LoadState, call, instance, args, kwargs):
         if not _inside_load_model():
             return call(*args, **kwargs)
         attrs = {semconv.ATTR_LOAD_RELEASE_CALL: call_name} if call_name else None
-        with spans.stage_span(name, stage, attributes=attrs):
+        with load.stage_span(name, stage, attributes=attrs):
             return call(*args, **kwargs)
 
     return wrapper
@@ -37,24 +37,24 @@ def _timed(name: str, stage: str, call_name: str | None = None):
 
 GC_COLLECT = Hook("load.release_gc", "gc:collect",
                   _timed(semconv.SPAN_RELEASE_MEMORY, semconv.STAGE_LOAD, "gc.collect"),
-                  stage=semconv.STAGE_LOAD, process=WORKER)
+                  stage=semconv.STAGE_LOAD, process=WORKER, state=STATE)
 EMPTY_CACHE = Hook("load.release_cache", "torch.accelerator:empty_cache",
                    _timed(semconv.SPAN_RELEASE_MEMORY, semconv.STAGE_LOAD, "empty_cache"),
-                   stage=semconv.STAGE_LOAD, process=WORKER)
+                   stage=semconv.STAGE_LOAD, process=WORKER, state=STATE)
 FINALIZE = Hook("load.finalize_layerwise",
                 f"{_BASE}:finalize_layerwise_processing",
                 _timed(semconv.SPAN_FINALIZE_LAYERWISE, semconv.STAGE_LOAD_PROCESS),
-                stage=semconv.STAGE_LOAD_PROCESS, process=WORKER)
+                stage=semconv.STAGE_LOAD_PROCESS, process=WORKER, state=STATE)
 # Online-quantization logging: a config check, whose first call imports vLLM's online
 # quantization package (~0.2 s inside "Load model" on the first engine of a process).
 QUANT_LOG = Hook("load.online_quant_check", f"{_BASE}:log_online_quantization",
                  _timed(semconv.SPAN_ONLINE_QUANT_CHECK, semconv.STAGE_LOAD),
-                 stage=semconv.STAGE_LOAD, process=WORKER)
+                 stage=semconv.STAGE_LOAD, process=WORKER, state=STATE)
 QUANT_TIME_LOG = Hook("load.online_quant_time", f"{_BASE}:log_online_quantization_time",
                       _timed(semconv.SPAN_ONLINE_QUANT_CHECK, semconv.STAGE_LOAD),
-                      stage=semconv.STAGE_LOAD, process=WORKER)
+                      stage=semconv.STAGE_LOAD, process=WORKER, state=STATE)
 MODEL_EVAL = Hook("load.model_eval", "torch.nn.modules.module:Module.eval",
                   _timed(semconv.SPAN_MODEL_EVAL, semconv.STAGE_LOAD),
-                  stage=semconv.STAGE_LOAD, process=WORKER)
+                  stage=semconv.STAGE_LOAD, process=WORKER, state=STATE)
 
 HOOKS = [GC_COLLECT, EMPTY_CACHE, FINALIZE, QUANT_LOG, QUANT_TIME_LOG, MODEL_EVAL]

@@ -19,26 +19,25 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from otel_ttft import semconv
 from otel_ttft.runtime import clock
-from otel_ttft.runtime.hooks.load import shards as load_shards
-from otel_ttft.runtime.hooks.load.shards import ShardRead
+from otel_ttft.runtime.hooks.load.shards import STATE, LoadState, ShardRead
 from otel_ttft.runtime.hooks.registry import Hook, report_failure
-from otel_ttft.runtime.telemetry import spans
 from otel_ttft.semconv import PROCESS_WORKER as WORKER
 
 _ML = "vllm.model_executor.model_loader"
 _RUNAI = "runai_model_streamer.safetensors_streamer.safetensors_streamer"
 
 
-def _wrap_load_file(call, instance, args, kwargs):
+def _wrap_load_file(load: LoadState, call, instance, args, kwargs):
     """safetensors ``load_file`` in a reader thread: the whole call is the read."""
-    if load_shards.current() is None:
+    if load.running() is None:
         return call(*args, **kwargs)
-    shard = ShardRead(os.fspath(args[0] if args else kwargs["filename"]), "safetensors",
-                      "threads")
+    shard = load.shard(os.fspath(args[0] if args else kwargs["filename"]), "safetensors",
+                       "threads")
     return _read_whole(shard, call, args, kwargs)
 
 
@@ -61,21 +60,22 @@ def shard_tensors(shard: ShardRead, result: Any) -> None:
         shard.tensors = len(result)
 
 
-def _wrap_torch_load(call, instance, args, kwargs):
+def _wrap_torch_load(load: LoadState, call, instance, args, kwargs):
     """``torch.load`` of a checkpoint file while a weights pass runs (either pt iterator)."""
     target = args[0] if args else kwargs.get("f")
-    if load_shards.current() is None or not isinstance(target, (str, os.PathLike)):
+    if load.running() is None or not isinstance(target, (str, os.PathLike)):
         return call(*args, **kwargs)
-    return _read_whole(ShardRead(os.fspath(target), "pt", "torch.load"), call, args, kwargs)
+    return _read_whole(load.shard(os.fspath(target), "pt", "torch.load"), call, args, kwargs)
 
 
 # --- Run:ai streamer -----------------------------------------------------------------------------
 
-def _wrap_stream_files(call, instance, args, kwargs):
-    """Residency is taken before the streamer starts; the spans start with the request."""
+def _wrap_stream_files(load: LoadState, call, instance, args, kwargs):
+    """Residency is taken before the streamer starts; the spans start with the request. The
+    reads are kept in the load state under the streamer, until its tensors are delivered."""
     paths = list(args[0] if args else kwargs.get("paths", ()))
     # file index (the streamer's key) -> read; object-store URIs have no local file to measure
-    reads = {i: ShardRead(os.fspath(p), "safetensors", "runai_streamer")
+    reads = {i: load.shard(os.fspath(p), "safetensors", "runai_streamer")
              for i, p in enumerate(paths)
              if isinstance(p, (str, os.PathLike)) and "://" not in os.fspath(p)}
     start_ns = clock.now_ns()
@@ -83,12 +83,12 @@ def _wrap_stream_files(call, instance, args, kwargs):
     for read in reads.values():
         read.start_ns = start_ns
         read.start()
-    instance._otel_ttft_reads = reads
+    load.stream_started(instance, reads)
     return result
 
 
-def _wrap_get_tensors(call, instance, args, kwargs):
-    reads = getattr(instance, "_otel_ttft_reads", None)
+def _wrap_get_tensors(load: LoadState, call, instance, args, kwargs):
+    reads = load.stream_reads(instance)
     inner = call(*args, **kwargs)
     if not reads:
         return inner
@@ -100,11 +100,12 @@ def _wrap_get_tensors(call, instance, args, kwargs):
     except Exception as exc:  # noqa: BLE001
         report_failure(GET_TENSORS, exc)
         return inner
-    return delivered_by_file(inner, reads, owner, left, instance)
+    return delivered_by_file(inner, reads, owner, left,
+                             lambda: load.stream_done(instance))
 
 
 def delivered_by_file(inner, reads: dict[Any, ShardRead], owner: dict[str, Any],
-                      left: dict[Any, int], instance: Any = None):
+                      left: dict[Any, int], done: Callable[[], None] | None = None):
     """A file's span ends when its last tensor arrives; read seconds are the span itself."""
     try:
         for name, tensor in inner:
@@ -119,8 +120,8 @@ def delivered_by_file(inner, reads: dict[Any, ShardRead], owner: dict[str, Any],
     finally:
         for read in reads.values():
             _end_stream(read)  # an interrupted load still closes its spans
-        if instance is not None:
-            instance._otel_ttft_reads = None
+        if done is not None:
+            done()
 
 
 def _end_stream(read: ShardRead) -> None:
@@ -133,11 +134,11 @@ def _end_stream(read: ShardRead) -> None:
 
 # --- fastsafetensors (GPU) ----------------------------------------------------------------------
 
-def _wrap_fastsafetensors(call, instance, args, kwargs):
+def _wrap_fastsafetensors(load: LoadState, call, instance, args, kwargs):
     """Its ParallelLoader yields tensors without their file: the safetensors headers (read before
     the loader starts, a few KB each) say which file each name comes from."""
     files = [os.fspath(f) for f in (args[0] if args else kwargs["hf_weights_files"])]
-    reads = {f: ShardRead(f, "safetensors", "fastsafetensors") for f in files}
+    reads = {f: load.shard(f, "safetensors", "fastsafetensors") for f in files}
     owner, left = tensor_owners(files)
     start_ns = clock.now_ns()
     inner = call(*args, **kwargs)
@@ -163,29 +164,29 @@ def tensor_owners(files: list[str]) -> tuple[dict[str, str], dict[str, int]]:
 # --- loaders without a "Load weights" span ------------------------------------------------------
 
 def _weights_pass(reader: str):
-    def wrapper(call, instance, args, kwargs):
-        with spans.stage_span(semconv.SPAN_LOAD_WEIGHTS, semconv.STAGE_LOAD,
-                              enrich=semconv.SPAN_LOAD_WEIGHTS) as span:
-            load = load_shards.begin(span, reader)
+    def wrapper(load: LoadState, call, instance, args, kwargs):
+        with load.stage_span(semconv.SPAN_LOAD_WEIGHTS, semconv.STAGE_LOAD,
+                             enrich=semconv.SPAN_LOAD_WEIGHTS) as span:
+            weights = load.begin(span, reader)
             try:
                 return call(*args, **kwargs)
             finally:
-                load_shards.end(load)
+                load.end(weights)
 
     return wrapper
 
 
-def _wrap_sharded_files(call, instance, args, kwargs):
+def _wrap_sharded_files(load: LoadState, call, instance, args, kwargs):
     """vLLM's own iterator, one file per call: each file is read start to end inside it."""
     paths = list(args[0] if args else kwargs["paths"])
     if getattr(instance.load_config, "load_format", None) != "sharded_state":
         return call(*args, **kwargs)
-    return _per_file(call, paths)
+    return _per_file(load, call, paths)
 
 
-def _per_file(call, paths: list[str]):
+def _per_file(load: LoadState, call, paths: list[str]):
     for path in paths:
-        read = ShardRead(path, "safetensors", "sharded_state")
+        read = load.shard(path, "safetensors", "sharded_state")
         read.start()
         inner = call([path])
         try:
@@ -204,33 +205,35 @@ def _per_file(call, paths: list[str]):
 
 
 LOAD_FILE = Hook("load.shard_read_threads", f"{_ML}.weight_utils:load_file", _wrap_load_file,
-                 stage=semconv.STAGE_LOAD_READ, process=WORKER)
+                 stage=semconv.STAGE_LOAD_READ, process=WORKER, state=STATE)
 TORCH_LOAD = Hook("load.shard_read_pt", "torch:load", _wrap_torch_load,
-                  stage=semconv.STAGE_LOAD_READ, process=WORKER)
+                  stage=semconv.STAGE_LOAD_READ, process=WORKER, state=STATE)
 STREAM_FILES = Hook("load.runai_stream", f"{_RUNAI}:SafetensorsStreamer.stream_files",
                     _wrap_stream_files, stage=semconv.STAGE_LOAD_READ, process=WORKER,
-                    optional=True)
+                    optional=True, state=STATE)
 GET_TENSORS = Hook("load.runai_tensors", f"{_RUNAI}:SafetensorsStreamer.get_tensors",
                    _wrap_get_tensors, stage=semconv.STAGE_LOAD_READ, process=WORKER,
-                   optional=True)
+                   optional=True, state=STATE)
 RUNAI_WEIGHTS = Hook("load.runai_weights",
                      f"{_ML}.runai_streamer_loader:RunaiModelStreamerLoader.load_weights",
                      _weights_pass("runai_streamer"), stage=semconv.STAGE_LOAD,
-                     process=WORKER)
+                     process=WORKER, state=STATE)
 SHARDED_WEIGHTS = Hook("load.sharded_state_weights",
                        f"{_ML}.sharded_state_loader:ShardedStateLoader.load_weights",
                        _weights_pass("sharded_state"), stage=semconv.STAGE_LOAD,
-                       process=WORKER)
+                       process=WORKER, state=STATE)
 SHARDED_FILES = Hook("load.sharded_state_files",
                      f"{_ML}.sharded_state_loader:ShardedStateLoader.iterate_over_files",
-                     _wrap_sharded_files, stage=semconv.STAGE_LOAD_READ, process=WORKER)
+                     _wrap_sharded_files, stage=semconv.STAGE_LOAD_READ, process=WORKER,
+                     state=STATE)
 FASTSAFETENSORS = Hook("load.fastsafetensors",
                        f"{_ML}.default_loader:fastsafetensors_weights_iterator",
-                       _wrap_fastsafetensors, stage=semconv.STAGE_LOAD_READ, process=WORKER)
+                       _wrap_fastsafetensors, stage=semconv.STAGE_LOAD_READ, process=WORKER,
+                       state=STATE)
 TENSORIZER_WEIGHTS = Hook("load.tensorizer_weights",
                           f"{_ML}.tensorizer_loader:TensorizerLoader.load_weights",
                           _weights_pass("tensorizer"), stage=semconv.STAGE_LOAD,
-                          process=WORKER)
+                          process=WORKER, state=STATE)
 
 HOOKS = [LOAD_FILE, TORCH_LOAD, STREAM_FILES, GET_TENSORS, RUNAI_WEIGHTS, SHARDED_WEIGHTS,
          SHARDED_FILES, FASTSAFETENSORS, TENSORIZER_WEIGHTS]
@@ -239,7 +242,8 @@ HOOKS = [LOAD_FILE, TORCH_LOAD, STREAM_FILES, GET_TENSORS, RUNAI_WEIGHTS, SHARDE
 # --- what doctor reports per load format ---------------------------------------------------------
 # (load format, reader, hooks that must resolve, module the format needs, why it is not hooked)
 LOADERS: list[tuple[str, str, list[str], str | None, str | None]] = [
-    ("auto / safetensors", "safe_open", ["load.shard_read", "load.weights_total"], None, None),
+    ("auto / safetensors", "safe_open",
+     ["load.shard_read", "load.shard_read_safetensors", "load.weights_total"], None, None),
     ("safetensors + enable_multithread_load", "threads",
      ["load.shard_read_threads", "load.weights_total"], None, None),
     ("pt / .bin (one thread or enable_multithread_load)", "torch.load",

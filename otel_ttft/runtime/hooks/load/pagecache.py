@@ -12,26 +12,25 @@ import ctypes.util
 import mmap
 import os
 
-_libc = None
+
+def open_libc() -> ctypes.CDLL:
+    """libc with the three calls typed (``mmap``, ``munmap``, ``mincore``). Finding it runs
+    ``ldconfig``: a caller that asks often keeps the handle (the load family's state does) and
+    passes it to :func:`resident_ratio`."""
+    lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    lib.mmap.restype = ctypes.c_void_p
+    lib.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                         ctypes.c_int, ctypes.c_long)
+    lib.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+    lib.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+    return lib
 
 
-def _load_libc():
-    global _libc
-    if _libc is None:
-        lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        lib.mmap.restype = ctypes.c_void_p
-        lib.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                             ctypes.c_int, ctypes.c_long)
-        lib.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
-        lib.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
-        _libc = lib
-    return _libc
-
-
-def resident_ratio(path: str | os.PathLike) -> float | None:
-    """Fraction (0..1) of the file's pages resident in the page cache right now."""
+def resident_ratio(path: str | os.PathLike, *, libc: ctypes.CDLL | None = None) -> float | None:
+    """Fraction (0..1) of the file's pages resident in the page cache right now (``libc`` from
+    :func:`open_libc`, found afresh when not given)."""
     try:
-        libc = _load_libc()
+        libc = libc if libc is not None else open_libc()
         fd = os.open(path, os.O_RDONLY)
     except OSError:
         return None
