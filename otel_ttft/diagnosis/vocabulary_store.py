@@ -19,6 +19,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -194,6 +195,30 @@ def save(path: Path, data: dict) -> None:
         os.replace(tmp, path)
     except OSError:
         pass
+
+
+def in_server(python: str, otel_ttft_cache: str | None,
+              timeout_s: float) -> tuple[Vocabulary | None, str | None, str | None]:
+    """In a vLLM server (the live verdict's thread, after ready): the vocabulary of the vLLM
+    loaded here (``vllm.__version__``), ``VLLM_CACHE_ROOT``'s default as ``vllm.envs`` derives it
+    on this host, the reader run as ``python -m`` where none is shipped.
+    ``(vocabulary, error, note)``; never raises."""
+    version = getattr(sys.modules.get("vllm"), "__version__", None)
+    try:  # vLLM's settings module, loaded by the server already: never imported for this
+        default_root = sys.modules["vllm.envs"].get_default_cache_root
+        cache_root = os.path.join(str(default_root()), "vllm")
+    except Exception:  # noqa: BLE001 - the shipped default, under this home, instead
+        cache_root = None
+    root = vllm_dir()
+    cache = cache_file(cache_dir(otel_ttft_cache), python, root) if root is not None else None
+    try:
+        loaded = load(version, argv=[python, "-m", READER, "--json-line"], cache=cache,
+                      timeout_s=timeout_s, cache_root=cache_root)
+    except VocabularyUnavailable as exc:
+        return None, str(exc), None
+    except Exception as exc:  # noqa: BLE001 - names unchecked, said so
+        return None, f"cannot read vLLM's vocabulary: {type(exc).__name__}", None
+    return loaded.vocabulary, None, loaded.note
 
 
 def load(version: str | None, *, argv: list[str], cache: Path | None, timeout_s: float,

@@ -5,16 +5,13 @@ and configuration on this host (``activation_history``), by the rule ``analyze``
 (``otel_ttft.diagnosis``): the earliest stage that expanded, by how much, and the change in the
 running vLLM's own flags and environment variables. Once the activation's cold requests
 (``OTEL_TTFT_COLD_REQUESTS``) are done it is judged again with their warm-up counted. Each verdict
-goes on the activation span (the second on a short child span, ``vllm.activation.verdict``: the
-activation span has ended by then), into the server's log in plain words, and into the
-``ttft.activation.verdict`` gauge.
+goes on a short child span of the activation, ``vllm.activation.verdict`` (the activation span
+has ended by then), into the server's log in plain words, and into the gauge.
 
-Nothing here may slow a start, and only measurement runs before ready: the history is read in a
-thread begun when the engine config is known; the verdict itself (``otel_ttft.diagnosis``, imported
-only then) is taken in a thread begun at ready, with vLLM's vocabulary from the data shipped for its
-version (for a version with none, read once in a subprocess and kept on disk; the verdict says so).
-The ready verdict goes on a short child span of the activation, ``vllm.activation.verdict``, as the
-one after the cold requests does.
+Only measurement runs before ready: the history is read in a thread begun when the engine config
+is known; the rule is imported and applied in a thread begun at ready, with vLLM's vocabulary as
+the data shipped for its version (for a version with none, read once in a subprocess and kept on
+disk; the verdict says so).
 """
 
 from __future__ import annotations
@@ -169,9 +166,8 @@ def _load(pre: _Preload) -> None:
 
 
 def on_ready(root: trace.Span, start_ns: int, end_ns: int) -> None:
-    """The API server is ready: judge this activation in a thread of its own (the rule, the
-    vocabulary and the history are loaded there, off the start-up path), onto a child span of
-    the activation, into the log and the gauge; then save its record."""
+    """The API server is ready: judge this activation in a thread of its own, off the start-up
+    path; then save its record."""
     global _judged
     pre = _preload
     if pre is None or not root.is_recording():
@@ -217,34 +213,17 @@ def _judge_ready(judged: _Judged) -> None:
 
 
 def _vocabulary() -> tuple[Any, str | None, str | None]:
-    """The running vLLM's vocabulary: the data shipped for its version, else read once by the
-    reader tool in a subprocess (kept on disk). ``(vocabulary, error, note)``."""
+    """The running vLLM's vocabulary, ``(vocabulary, error, note)``: shipped for its version,
+    else read once by the reader tool in a subprocess of this interpreter, kept on disk."""
     from otel_ttft.diagnosis import vocabulary_store as store
 
-    version = getattr(sys.modules.get("vllm"), "__version__", None)
-    try:
-        import vllm.envs as envs  # vLLM's settings: the one default that depends on this host
-
-        cache_root = os.path.join(str(envs.get_default_cache_root()), "vllm")
-    except Exception:  # noqa: BLE001 - the shipped default, under this home, instead
-        cache_root = None
-    root = store.vllm_dir()
-    cache = (store.cache_file(store.cache_dir(os.environ.get(
-        environment_variables.OTEL_TTFT_CACHE)), sys.executable, root)
-        if root is not None else None)
-    try:
-        loaded = store.load(version, argv=[sys.executable, "-m", store.READER, "--json-line"],
-                            cache=cache, timeout_s=_VOCABULARY_READ_S, cache_root=cache_root)
-    except store.VocabularyUnavailable as exc:
-        return None, str(exc), None
-    except Exception as exc:  # noqa: BLE001 - names unchecked, said so
-        return None, f"cannot read vLLM's vocabulary: {type(exc).__name__}", None
-    return loaded.vocabulary, None, loaded.note
+    return store.in_server(sys.executable,
+                           os.environ.get(environment_variables.OTEL_TTFT_CACHE),
+                           _VOCABULARY_READ_S)
 
 
 def _emit(result: dict, judged: _Judged) -> None:
-    """One verdict: a child span of the activation (which has ended by now), the log line, the
-    gauge."""
+    """One verdict: a child span of the activation, the log line, the gauge."""
     if judged.vocab_note:
         result["vocabulary_note"] = judged.vocab_note
     now = clock.now_ns()
