@@ -168,6 +168,9 @@ def test_doctor_says_whether_the_vocabulary_ships(tmp_path, monkeypatch):
     ((), "vllm.v1.worker.gpu.model_runner.GPUModelRunner", "default: Model Runner V2"),
     (("--env", "VLLM_USE_V2_MODEL_RUNNER=0"), "vllm.v1.worker.gpu_model_runner.GPUModelRunner",
      "VLLM_USE_V2_MODEL_RUNNER=0"),
+    # forced on: this CPU host's vLLM would refuse it (no Triton here), a GPU host's builds it
+    (("--env", "VLLM_USE_V2_MODEL_RUNNER=1"), "vllm.v1.worker.gpu.model_runner.GPUModelRunner",
+     "VLLM_USE_V2_MODEL_RUNNER=1"),
 ])
 def test_doctor_names_the_runner_a_gpu_host_builds(env, runner, reason):
     proc = _doctor("--json", "--device", "cuda", *env)

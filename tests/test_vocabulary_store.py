@@ -74,6 +74,10 @@ def test_a_broken_reader_or_cache_is_one_line(tmp_path):
                "raise SystemExit(1)"]
     with pytest.raises(store.VocabularyUnavailable, match=r"exit 1.*: no vLLM here$"):
         store.load("0.0.1.dev0", argv=failing, cache=cache, timeout_s=60)
+    cache.write_text(json.dumps({"options": {"--x": {}}}))  # JSON, but not a vocabulary
+    data = dict(store.shipped("0.32.0"), vllm_version="0.0.1.dev0")
+    again = store.load("0.0.1.dev0", argv=_fake_reader(data), cache=cache, timeout_s=60)
+    assert again.source == "read" and json.loads(cache.read_text()) == data
     with pytest.raises(store.VocabularyUnavailable, match="malformed"):
         store.load("0.0.1.dev0", argv=_fake_reader({"options": {"--x": {}}}), cache=None,
                    timeout_s=60)

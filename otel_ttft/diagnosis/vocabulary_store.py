@@ -228,18 +228,20 @@ def load(version: str | None, *, argv: list[str], cache: Path | None, timeout_s:
     data = shipped(version)
     if data is not None:
         return Loaded(for_host(data, cache_root), "shipped")
-    data = cached(cache) if cache is not None else None
-    source = "cached"
-    if data is None:
-        data = probe(argv, timeout_s)
-        source = "read"
-        if cache is not None:
-            save(cache, data)
     where = f", kept in {cache}" if cache is not None else ""
     note = (f"vLLM {version or '?'}'s vocabulary is not shipped with otel-ttft: read from its "
             f"argument parser on first use{where}")
+    data = cached(cache) if cache is not None else None
+    if data is not None:
+        try:
+            return Loaded(for_host(data, cache_root), "cached", note)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            pass  # a kept answer of another shape: read again
+    data = probe(argv, timeout_s)
+    if cache is not None:
+        save(cache, data)
     try:
-        return Loaded(for_host(data, cache_root), source, note)
+        return Loaded(for_host(data, cache_root), "read", note)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise VocabularyUnavailable(f"vLLM's vocabulary is malformed: {type(exc).__name__}") \
             from None
