@@ -60,7 +60,7 @@ _VOCABULARY_READ_S = 300.0
 @dataclass
 class _Judged:
     """This process's activation under judgement: what ``on_ready`` knows at once, then what the
-    verdict's thread adds (``judged`` is set when it is done)."""
+    verdict's thread adds (``done`` is set when it has)."""
 
     trace_hex: str
     span_context: Any
@@ -72,7 +72,7 @@ class _Judged:
     vocab: Any = None
     vocab_error: str | None = None
     vocab_note: str | None = None
-    judged: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
     cold_done: int = 0
     cold_ttft: float = 0.0
     cold_stages: dict[str, float] = field(default_factory=dict)
@@ -209,7 +209,7 @@ def _judge_ready(judged: _Judged) -> None:
     except Exception:  # noqa: BLE001 - never an error for the server
         logger.debug("otel-ttft: no verdict for this activation", exc_info=True)
     finally:
-        judged.judged.set()
+        judged.done.set()
 
 
 def _vocabulary() -> tuple[Any, str | None, str | None]:
@@ -309,7 +309,7 @@ def _judge_cold(judged: _Judged) -> None:
     try:
         from otel_ttft.diagnosis import activation as diagnosis
 
-        judged.judged.wait(_HISTORY_WAIT_S + _VOCABULARY_READ_S)
+        judged.done.wait(_HISTORY_WAIT_S + _VOCABULARY_READ_S)
         if judged.record is None:
             return  # no ready verdict: nothing to judge again
         cold: dict[str, Any] = {
