@@ -7,8 +7,11 @@ metadata) but the GPU kernel packages (CUDA-only, several GB, never imported by 
 starts no engine), and a torch of vLLM's pinned minor (``--torch``: the pin by default; where
 pip is capped, a release of the same minor that lies on disk). So it checks targets,
 signatures and vLLM's runner choice; nothing that needs CUDA kernels (``scripts/gpu-check``).
+It also reads the release's vocabulary (its server flags, environment variables, routes: what the
+verdict's changes are named with) into ``otel_ttft/diagnosis/vllm_vocabulary/VERSION.json``, the
+data the package ships so that no server reads vLLM's parser or source: commit that file.
 Run it for each new release: ``scripts/vllm-release-check 0.33.0``. Exit 0 when doctor finds
-every required target and the tests pass; the result is also written to
+every required target, the vocabulary is read and the tests pass; the result is also written to
 ``out/vllm-release-check/VERSION/result.json``.
 """
 
@@ -32,6 +35,8 @@ GPU_ONLY = re.compile(r"^(nvidia-.*|flashinfer.*|tilelang|quack-kernels|tokenspe
                       r"torchcodec|fastsafetensors|instanttensor|zentorch|deep[-_]gemm.*)$", re.I)
 #: the tests that use vLLM's real classes and start no engine, and hold on any host
 TESTS = ("tests/test_model_runners.py", "tests/test_gpu_paths.py", "tests/test_request_vllm033.py")
+#: where the package keeps each release's vocabulary (``otel_ttft.tools.vllm_vocabulary``)
+VOCABULARY_DIR = ROOT / "otel_ttft" / "diagnosis" / "vllm_vocabulary"
 
 
 def _run(cmd: list[str], log: Path, env: dict[str, str] | None = None,
@@ -104,6 +109,17 @@ def _doctor(python: Path, log: Path, *args: str) -> dict:
             "stages": {r["stage"]: r["status"] for r in choice.get("stages", [])}}
 
 
+def _vocabulary(python: Path, log: Path) -> dict:
+    """The release's vocabulary, read by its own interpreter into the package's data."""
+    proc = _run([str(python), "-m", "otel_ttft.tools.vllm_vocabulary", "--write",
+                 str(VOCABULARY_DIR)], log, env={"PYTHONPATH": str(ROOT),
+                                                "VLLM_LOGGING_LEVEL": "ERROR"})
+    lines = proc.stdout.strip().splitlines()
+    return {"exit": proc.returncode, "path": lines[-1] if proc.returncode == 0 and lines else None,
+            "error": None if proc.returncode == 0 else
+            (proc.stderr.strip().splitlines() or ["no output"])[-1]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vllm-release-check", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -126,15 +142,17 @@ def main(argv: list[str] | None = None) -> int:
               "doctor": {"host": _doctor(python, log),
                          "cuda": _doctor(python, log, "--device", "cuda"),
                          "cuda V1": _doctor(python, log, "--device", "cuda", "--env",
-                                            "VLLM_USE_V2_MODEL_RUNNER=0")}}
+                                            "VLLM_USE_V2_MODEL_RUNNER=0")},
+              "vocabulary": _vocabulary(python, log)}
     tests = _run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m",
                   "vllm_import", *TESTS], log, env={"PYTHONPATH": str(ROOT), "CI": "1"})
     result["tests"] = {"exit": tests.returncode,
                        "summary": (tests.stdout.strip().splitlines() or [""])[-1]}
     failed = [line for line in tests.stdout.splitlines() if line.startswith("FAILED")]
     result["tests"]["failed"] = failed
-    ok = tests.returncode == 0 and all(d.get("exit") == 0 and not d.get("missing")
-                                       for d in result["doctor"].values())
+    ok = (tests.returncode == 0 and result["vocabulary"]["exit"] == 0
+          and all(d.get("exit") == 0 and not d.get("missing")
+                  for d in result["doctor"].values()))
     result["passed"] = ok
     tmp = out / "result.json.tmp"
     tmp.write_text(json.dumps(result, indent=2) + "\n")

@@ -203,6 +203,20 @@ def _activation(verdict, ledger, spans, vllm_config, compile_s: float):
     return root
 
 
+def _verdict(exporter, root, phase: str) -> object:
+    """The activation's child span with its verdict of ``phase``, judged in a thread."""
+    def children():
+        return [s for s in exporter.get_finished_spans() if s.name ==
+                semconv.SPAN_ACTIVATION_VERDICT and s.parent.span_id ==
+                root.get_span_context().span_id
+                and s.attributes[semconv.ATTR_VERDICT_PHASE] == phase]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not children():
+        time.sleep(0.05)
+    (child,) = children()
+    return child
+
+
 def _cold_requests(verdict, exporter, root) -> object:
     """The activation's cold requests, done: its child span with the verdict again."""
     from otel_ttft.runtime import config
@@ -211,16 +225,7 @@ def _cold_requests(verdict, exporter, root) -> object:
     for index in range(1, config.current.cold_requests + 1):
         verdict.request_done(act, index, 0.05, {"frontend": 0.01, "prefill": 0.04})
     verdict.request_done(act, config.current.cold_requests + 1, 9.0, {"prefill": 9.0})  # warm
-
-    def children():
-        return [s for s in exporter.get_finished_spans() if s.name ==
-                semconv.SPAN_ACTIVATION_VERDICT and s.parent.span_id ==
-                root.get_span_context().span_id]
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not children():
-        time.sleep(0.05)  # judged in a thread
-    (child,) = children()
-    return child
+    return _verdict(exporter, root, semconv.VERDICT_PHASE_COLD_REQUESTS)
 
 
 @pytest.mark.vllm_import
@@ -239,7 +244,8 @@ def test_the_runtime_judges_each_start_against_the_last(telemetry, vllm_config, 
     caplog.set_level(logging.INFO, logger="vllm.otel_ttft")
     try:
         first = _activation(verdict, ledger, spans, vllm_config, compile_s=3.0)
-        attrs = dict(first.attributes)
+        assert not any(k.startswith("ttft.verdict.") for k in first.attributes)  # ended first
+        attrs = dict(_verdict(exporter, first, semconv.VERDICT_PHASE_READY).attributes)
         assert attrs[semconv.ATTR_VERDICT_OUTCOME] == "no-baseline"
         assert attrs[semconv.ATTR_VERDICT_DURATION_S] == pytest.approx(23.0)
         assert "no baseline yet" in caplog.text
@@ -254,7 +260,7 @@ def test_the_runtime_judges_each_start_against_the_last(telemetry, vllm_config, 
         assert saved["cold"]["requests"] == 3 and saved["duration_s"] == pytest.approx(23.0)
 
         second = _activation(verdict, ledger, spans, vllm_config, compile_s=20.0)
-        attrs = dict(second.attributes)
+        attrs = dict(_verdict(exporter, second, semconv.VERDICT_PHASE_READY).attributes)
         assert attrs[semconv.ATTR_VERDICT_OUTCOME] == "expanded"
         assert attrs[semconv.ATTR_VERDICT_BASELINE] == "thin"
         assert attrs[semconv.ATTR_VERDICT_SUBSTAGE] == semconv.STAGE_WARMUP_COMPILE

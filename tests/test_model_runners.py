@@ -256,11 +256,12 @@ def test_v1_loading_span_is_named_from_inside_by_the_loader(exporter, hooks):
 
 
 def test_choice_reason_follows_vllms_own_answer(monkeypatch):
+    import vllm.config.vllm as config_module
     from vllm.config import DeviceConfig, VllmConfig
     from vllm.platforms import current_platform
     from vllm.triton_utils import HAS_TRITON
 
-    from otel_ttft.tools.runner_choice import triton_as_installed
+    from otel_ttft.tools.runner_choice import decide_v2
 
     if current_platform.device_type == "cpu" and not HAS_TRITON:  # no CPU backend for Triton
         assert VllmConfig().use_v2_model_runner is False
@@ -271,11 +272,19 @@ def test_choice_reason_follows_vllms_own_answer(monkeypatch):
             return VllmConfig()
         return VllmConfig(device_config=DeviceConfig(device="cuda"))
 
-    with triton_as_installed():  # as on a GPU host, where Triton sees the driver
-        assert gpu_config().use_v2_model_runner is True
-        assert runners.choice_reason(gpu_config()).startswith("default: Model Runner V2")
-        for value, v2 in (("1", True), ("0", False)):
-            monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", value)
-            config = gpu_config()
-            assert config.use_v2_model_runner is v2
-            assert runners.choice_reason(config) == f"VLLM_USE_V2_MODEL_RUNNER={value}"
+    before = vars(config_module)["HAS_TRITON"]
+    config = gpu_config()
+    # vLLM's own decision, as on a GPU host where Triton sees the driver, and as where it does not
+    assert decide_v2(config, True) is True
+    assert runners.choice_reason(config, use_v2=True, triton=True).startswith(
+        "default: Model Runner V2")
+    assert decide_v2(config, False) is False
+    assert "requires Triton" in runners.choice_reason(config, use_v2=False, triton=False)
+    assert runners.choice_reason(config, use_v2=False, triton=True, unsupported=["x y"]) == (
+        "Model Runner V2 does not yet support x y: the V1 model runner")
+    for value, v2 in (("1", True), ("0", False)):
+        monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", value)
+        assert decide_v2(config, True) is v2 and decide_v2(config, False) is v2
+        assert runners.choice_reason(config, use_v2=v2, triton=True) == (
+            f"VLLM_USE_V2_MODEL_RUNNER={value}")
+    assert vars(config_module)["HAS_TRITON"] is before  # vLLM's module as it was

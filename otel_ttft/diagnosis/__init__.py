@@ -12,6 +12,12 @@ activation against the earlier ones on its host:
 - ``thresholds``: the alert rules' factor and minimum seconds, for a baseline too thin to
   measure its noise;
 - ``change`` / ``change_rules``: the concrete change (flags, environment variables, driver);
-- ``vocabulary``: the installed vLLM's knobs, read from its argument parser and ``vllm.envs``;
+- ``vocabulary``: the installed vLLM's knobs as data (read once per vLLM version by
+  ``otel_ttft.tools.vllm_vocabulary``); ``vocabulary_store``: the data shipped for each version
+  (``vllm_vocabulary/VERSION.json``), else that reader run once in a subprocess and kept on disk;
+- ``record``: an activation's record (stage intervals, facts, validation), light enough for the
+  runtime to import at start-up;
 - ``activation``: an activation as a record the rule takes, and the verdict in plain words.
+
+No argument parser, no source reading (``make lint`` bans them here): vLLM's processes import this.
 """

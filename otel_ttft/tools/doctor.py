@@ -1,7 +1,9 @@
 """``otel-ttft doctor``: which hooks are live against the installed vLLM, whether the installed
 OpenTelemetry SDK has the internals we use, and where spans go.
 
-It also names the model runner vLLM would build (on this host, or on the platform ``--device``
+It says whether vLLM's vocabulary (the flags and variables the verdict's changes are named with)
+ships for the installed version, or will be read from vLLM's parser on first use. It also names
+the model runner vLLM would build (on this host, or on the platform ``--device``
 names), under the environment (``--env``) and serve arguments (after ``--``) given, and which
 start-up stages are measured on that runner; hooks on runners that will not run are "idle".
 
@@ -24,10 +26,12 @@ from urllib.parse import urlparse
 from packaging.requirements import Requirement
 from packaging.version import InvalidVersion, Version
 
+from otel_ttft.diagnosis import vocabulary_store
 from otel_ttft.runtime.hooks import all_hooks
 from otel_ttft.runtime.hooks.registry import resolve
 from otel_ttft.runtime.vllm_version import SUPPORTED, installed_vllm, is_supported
 from otel_ttft.tools import host, runner_choice
+from otel_ttft.tools.analysis import knobs
 
 _ENTRY_POINT_GROUPS = ("opentelemetry_instrumentor", "vllm.general_plugins",
                        "opentelemetry_distro", "opentelemetry_configurator")
@@ -94,6 +98,32 @@ def _configurator() -> str:
     return chosen or (found[0] if len(found) == 1 else ",".join(found) or "none")
 
 
+def _vocabulary(module_version: str | None) -> dict[str, Any]:
+    """Whether the installed vLLM's vocabulary ships with otel-ttft, or where it is kept once
+    read on first use."""
+    shipped = vocabulary_store.shipped(module_version) is not None
+    root = vocabulary_store.vllm_dir()
+    cache = (vocabulary_store.cache_file(knobs.cache_dir(), sys.executable, root)
+             if root is not None and not shipped else None)
+    return {"vllm_version": module_version, "shipped": shipped,
+            "shipped_versions": vocabulary_store.shipped_versions(),
+            "cache": str(cache) if cache else None,
+            "cached": bool(cache and vocabulary_store.cached(cache) is not None)}
+
+
+def _render_vocabulary(vocab: dict[str, Any]) -> list[str]:
+    if vocab["shipped"]:
+        return [f"  ok      vocabulary: shipped for vLLM {vocab['vllm_version']} (the verdict's "
+                "flags and variables, in its words)"]
+    others = ", ".join(vocab["shipped_versions"]) or "none"
+    where = (f"already read, kept in {vocab['cache']}" if vocab["cached"] else
+             "read from vLLM's argument parser on first use (a subprocess, once"
+             + (f", kept in {vocab['cache']})" if vocab["cache"] else ")"))
+    return [f"  NOTE    vocabulary: none shipped for vLLM {vocab['vllm_version']} (shipped: "
+            f"{others}): {where}; python -m otel_ttft.tools.vllm_vocabulary --write "
+            "otel_ttft/diagnosis/vllm_vocabulary adds it"]
+
+
 def collect(device: str | None = None, serve_args: list[str] | None = None) -> dict[str, Any]:
     """Everything doctor knows, as data (the text report and --json both come from it).
     Raises ``runner_choice.RunnerChoiceError`` when ``serve_args`` make no vLLM config."""
@@ -108,8 +138,9 @@ def collect(device: str | None = None, serve_args: list[str] | None = None) -> d
     from otel_ttft.runtime.hooks.load.formats import loader_report
 
     loaders = loader_report({h["name"]: h["resolved"] for h in hooks})
-    model_runner = None
+    model_runner = vocab = None
     if module_version is not None:
+        vocab = _vocabulary(module_version)
         model_runner = runner_choice.choose(device, list(serve_args or []), hooks)
         for h in hooks:
             h["idle"] = h["name"] in model_runner["idle_hooks"]
@@ -125,6 +156,7 @@ def collect(device: str | None = None, serve_args: list[str] | None = None) -> d
         "opentelemetry": _opentelemetry(),
         "hooks": hooks,
         "model_runner": model_runner,
+        "vocabulary": vocab,
         "loaders": loaders,
         "entry_points": ours,
         "export": {"traces_exporter": os.environ.get("OTEL_TRACES_EXPORTER", "otlp (our distro)"),
@@ -145,6 +177,8 @@ def render(report: dict[str, Any]) -> str:
         support = ("supported" if v["supported"]
                    else f"NOT in the tested range {v['supported_range']}")
         lines.append(f"vLLM: module {v['module_version']} ({dist}); {support}")
+        if report.get("vocabulary"):
+            lines.extend(_render_vocabulary(report["vocabulary"]))
     lines.extend(_render_opentelemetry(report["opentelemetry"]))
     live = [h for h in report["hooks"] if h["resolved"]]
     idle = [h for h in live if h.get("idle")]

@@ -5,8 +5,10 @@ The choice is vLLM's own: ``VllmConfig.use_v2_model_runner`` on the config vLLM 
 serve arguments given (a default config without them), under the environment given, then the
 runner the platform's worker builds for that answer (``runners.RUNNERS``, as
 ``_make_model_runner``). For another platform than this host's (``--device cuda`` on a CPU
-machine), vLLM's Triton check is answered by whether Triton is installed here, since whether it
-sees a GPU driver there cannot be read from here; the report says so.
+machine), vLLM's own decision is run with one input given instead of this host's: Triton counted
+usable where it is installed here (whether it sees a GPU driver there cannot be read from here;
+the report says so). vLLM's modules are never written: the decision's code runs over a copy of
+its module's globals.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import os
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -72,18 +76,46 @@ def build_config(serve_args: list[str], device: str | None = None) -> Any:
                                 f"{exc}") from exc
 
 
-@contextlib.contextmanager
-def triton_as_installed() -> Iterator[bool]:
-    """vLLM's config module's ``HAS_TRITON`` as "Triton is installed" while vLLM builds and
-    answers one config: what it would answer on a host whose GPU driver Triton sees."""
-    module = importlib.import_module("vllm.config.vllm")
-    installed = importlib.util.find_spec("triton") is not None
-    saved = vars(module).get("HAS_TRITON")
-    module.HAS_TRITON = installed
+def triton_installed() -> bool:
+    """Whether Triton is installed here (what vLLM's check answers on a host whose GPU driver
+    Triton sees)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def decide_v2(config: Any, triton: bool) -> bool:
+    """vLLM's own ``VllmConfig.use_v2_model_runner`` on ``config``, with Triton usable or not as
+    given: the property's code, run over a copy of its module's globals with ``HAS_TRITON``
+    replaced, so vLLM's module is left as it is. Where it reads no ``HAS_TRITON``, its answer."""
+    fget = type(config).use_v2_model_runner.fget
+    if "HAS_TRITON" not in fget.__code__.co_names:
+        return bool(fget(config))
+    scope = {**fget.__globals__, "HAS_TRITON": triton}
+    decide = types.FunctionType(fget.__code__, scope, fget.__name__, fget.__defaults__,
+                                fget.__closure__)
+    return bool(decide(config))
+
+
+def unsupported_features(config: Any) -> list[str] | None:
+    """The features this config uses that Model Runner V2 lacks, as vLLM lists them (None where
+    this vLLM does not say)."""
+    read = getattr(config, "_get_v2_model_runner_unsupported_features", None)
     try:
-        yield installed
+        return list(read()) if callable(read) else None
+    except Exception:  # noqa: BLE001 - a list vLLM cannot make is left out of the reason
+        return None
+
+
+@contextlib.contextmanager
+def _v2_unforced() -> Iterator[None]:
+    """``VLLM_USE_V2_MODEL_RUNNER`` out of this process's environment while vLLM builds a config
+    for another platform: its check that V2 can run there (Triton) would be this host's; whether
+    V2 is chosen there is asked after, of vLLM's decision (:func:`decide_v2`)."""
+    saved = os.environ.pop("VLLM_USE_V2_MODEL_RUNNER", None)
+    try:
+        yield
     finally:
-        module.HAS_TRITON = saved
+        if saved is not None:
+            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = saved
 
 
 def _class_of(target: str) -> type | None:
@@ -153,14 +185,16 @@ def choose(device: str | None, serve_args: list[str],
     if target_device == host:
         config = build_config(serve_args)
         use_v2 = bool(config.use_v2_model_runner)
-        reason = runners.choice_reason(config)
+        reason = runners.choice_reason(config, unsupported=unsupported_features(config))
     else:
-        with triton_as_installed() as installed:
+        installed = triton_installed()
+        with _v2_unforced():
             # vLLM infers no device where it finds no platform: name it then (only then: a
             # platform's own checks refuse a device of another)
             config = build_config(serve_args, None if host else target_device)
-            use_v2 = bool(config.use_v2_model_runner)
-            reason = runners.choice_reason(config)
+        use_v2 = decide_v2(config, installed)
+        reason = runners.choice_reason(config, use_v2=use_v2, triton=installed,
+                                       unsupported=unsupported_features(config))
         triton = "usable (installed here)" if installed else "absent (not installed here)"
         assumption = f"not this host's platform ({host or 'none'}): Triton counted as {triton}"
     runner = runners.runner_for(target_device, use_v2, bool(config.is_mm_encoder_only))

@@ -5,18 +5,19 @@ and configuration on this host (``activation_history``), by the rule ``analyze``
 (``otel_ttft.diagnosis``): the earliest stage that expanded, by how much, and the change in the
 running vLLM's own flags and environment variables. Once the activation's cold requests
 (``OTEL_TTFT_COLD_REQUESTS``) are done it is judged again with their warm-up counted. Each verdict
-goes on the activation span (the second on a short child span, ``vllm.activation.verdict``: the
-activation span has ended by then), into the server's log in plain words, and into the
-``ttft.activation.verdict`` gauge.
+goes on a short child span of the activation, ``vllm.activation.verdict`` (the activation span
+has ended by then), into the server's log in plain words, and into the gauge.
 
-Nothing here may slow a start: the history is read and vLLM's vocabulary built in a thread begun
-when the engine config is known (long before ready); at ready only what is already in memory is
-used (a read not finished yet is "no baseline"); writes happen in a thread after.
+Only measurement runs before ready: the history is read in a thread begun when the engine config
+is known; the rule is imported and applied in a thread begun at ready, with vLLM's vocabulary as
+the data shipped for its version (for a version with none, read once in a subprocess and kept on
+disk; the verdict says so).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
@@ -28,10 +29,8 @@ from opentelemetry import trace
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from otel_ttft import semconv
-from otel_ttft.diagnosis import activation as diagnosis
-from otel_ttft.diagnosis import vocabulary
 from otel_ttft.runtime import activation_history as history
-from otel_ttft.runtime import clock, config
+from otel_ttft.runtime import clock, config, environment_variables
 from otel_ttft.runtime.hooks import activation_ledger as ledger
 from otel_ttft.runtime.telemetry import metrics, spans
 
@@ -52,17 +51,28 @@ _KEY_FIELDS = {
 }
 
 
+#: how long the verdict's thread waits for the history read begun at ``note_config``
+_HISTORY_WAIT_S = 30.0
+#: how long reading a vLLM's vocabulary in a subprocess may take (a version with none shipped)
+_VOCABULARY_READ_S = 300.0
+
+
 @dataclass
 class _Judged:
-    """This process's activation under judgement."""
+    """This process's activation under judgement: what ``on_ready`` knows at once, then what the
+    verdict's thread adds (``done`` is set when it has)."""
 
     trace_hex: str
     span_context: Any
-    record: dict
-    earlier: list[dict]
-    vocab: Any
-    vocab_error: str | None
-    path: Path | None
+    start_ns: int
+    end_ns: int
+    pre: _Preload
+    record: dict | None = None
+    earlier: list[dict] = field(default_factory=list)
+    vocab: Any = None
+    vocab_error: str | None = None
+    vocab_note: str | None = None
+    done: threading.Event = field(default_factory=threading.Event)
     cold_done: int = 0
     cold_ttft: float = 0.0
     cold_stages: dict[str, float] = field(default_factory=dict)
@@ -80,8 +90,6 @@ class _Preload:
     model: str | None
     path: Path | None = None
     loaded: history.Loaded | None = None
-    vocab: Any = None
-    vocab_error: str | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
 
@@ -93,8 +101,8 @@ _gauges: set[int] = set()
 
 
 def note_config(vllm_config: Any) -> None:
-    """The API server knows its engine config: start reading the history (and, where there is
-    an earlier activation to compare with, vLLM's vocabulary) in a thread. Once per process."""
+    """The API server knows its engine config: start reading the history in a thread. Once per
+    process."""
     global _preload
     if _preload is not None or vllm_config is None or not history.enabled():
         return
@@ -151,11 +159,6 @@ def _load(pre: _Preload) -> None:
         pre.path = history.default_path(root)
         pre.loaded = history.load(pre.path) if pre.path else history.Loaded(
             problem="no history path (VLLM_CACHE_ROOT unknown)", ours=False)
-        if any(r["key"] == pre.key for r in pre.loaded.records):
-            try:
-                pre.vocab = vocabulary.Vocabulary.from_json(vocabulary.read(in_process=True))
-            except Exception as exc:  # noqa: BLE001 - names unchecked, said so
-                pre.vocab_error = f"cannot read vLLM's parser: {type(exc).__name__}"
     except Exception as exc:  # noqa: BLE001 - never an error for the server
         pre.loaded = history.Loaded(problem=f"history not read: {type(exc).__name__}")
     finally:
@@ -163,36 +166,74 @@ def _load(pre: _Preload) -> None:
 
 
 def on_ready(root: trace.Span, start_ns: int, end_ns: int) -> None:
-    """The API server is ready: judge this activation, on its span (still open) and in the log;
-    save its record in a thread. Bounded work on data already in memory."""
+    """The API server is ready: judge this activation in a thread of its own, off the start-up
+    path; then save its record."""
     global _judged
     pre = _preload
     if pre is None or not root.is_recording():
         return
     try:
         context = root.get_span_context()
-        trace_hex = format(context.trace_id, "032x")
-        record = _record(pre, trace_hex, start_ns, end_ns)
-        loaded = pre.loaded if pre.done.is_set() else None
-        earlier = sorted((r for r in (loaded.records if loaded else []) if r["key"] == pre.key),
-                         key=lambda r: r.get("at") or 0)
-        judged = _Judged(trace_hex, context, record, earlier, pre.vocab, pre.vocab_error,
-                         pre.path)
-        result = diagnosis.judge(record, earlier, vocab=pre.vocab, vocab_error=pre.vocab_error)
-        if loaded is None or loaded.problem:
-            result["history_problem"] = ("history not read yet" if loaded is None
-                                         else loaded.problem)
-        root.set_attributes(attributes(result))
-        _report(result, trace_hex)
-        judged.saving = threading.Thread(target=_save, args=(pre.path, record),
-                                         name="otel-ttft-verdict-save", daemon=True)
-        judged.saving.start()
+        judged = _Judged(format(context.trace_id, "032x"), context, start_ns, end_ns, pre)
         _judged = judged
+        threading.Thread(target=_judge_ready, args=(judged,), name="otel-ttft-verdict",
+                         daemon=True).start()
     except Exception:  # noqa: BLE001 - the verdict must never cost the server its start
         logger.debug("otel-ttft: no verdict for this activation", exc_info=True)
 
 
-def _record(pre: _Preload, trace_hex: str, start_ns: int, end_ns: int) -> dict:
+def _judge_ready(judged: _Judged) -> None:
+    """The ready verdict, in its own thread: ``otel_ttft.diagnosis`` is imported here, never
+    at start-up."""
+    try:
+        from otel_ttft.diagnosis import activation as diagnosis
+
+        pre = judged.pre
+        pre.done.wait(_HISTORY_WAIT_S)
+        loaded = pre.loaded if pre.done.is_set() else None
+        judged.record = _record(diagnosis, pre, judged.trace_hex, judged.start_ns,
+                                judged.end_ns)
+        judged.earlier = sorted((r for r in (loaded.records if loaded else [])
+                                 if r["key"] == pre.key), key=lambda r: r.get("at") or 0)
+        if judged.earlier:  # a change to name: in the installed vLLM's words
+            judged.vocab, judged.vocab_error, judged.vocab_note = _vocabulary()
+        result = diagnosis.judge(judged.record, judged.earlier, vocab=judged.vocab,
+                                 vocab_error=judged.vocab_error)
+        if loaded is None or loaded.problem:
+            result["history_problem"] = ("history not read in time" if loaded is None
+                                         else loaded.problem)
+        _emit(result, judged)
+        judged.saving = threading.Thread(target=_save, args=(pre.path, judged.record),
+                                         name="otel-ttft-verdict-save", daemon=True)
+        judged.saving.start()
+    except Exception:  # noqa: BLE001 - never an error for the server
+        logger.debug("otel-ttft: no verdict for this activation", exc_info=True)
+    finally:
+        judged.done.set()
+
+
+def _vocabulary() -> tuple[Any, str | None, str | None]:
+    """The running vLLM's vocabulary, ``(vocabulary, error, note)``: shipped for its version,
+    else read once by the reader tool in a subprocess of this interpreter, kept on disk."""
+    from otel_ttft.diagnosis import vocabulary_store as store
+
+    return store.in_server(sys.executable,
+                           os.environ.get(environment_variables.OTEL_TTFT_CACHE),
+                           _VOCABULARY_READ_S)
+
+
+def _emit(result: dict, judged: _Judged) -> None:
+    """One verdict: a child span of the activation, the log line, the gauge."""
+    if judged.vocab_note:
+        result["vocabulary_note"] = judged.vocab_note
+    now = clock.now_ns()
+    parent = trace.set_span_in_context(trace.NonRecordingSpan(judged.span_context))
+    spans.emit_span(semconv.SPAN_ACTIVATION_VERDICT, now, now, context=parent,
+                    attributes=attributes(result))
+    _report(result, judged.trace_hex)
+
+
+def _record(diagnosis: Any, pre: _Preload, trace_hex: str, start_ns: int, end_ns: int) -> dict:
     part = ledger.gather(trace_hex)
     stages = diagnosis.stage_seconds(part["intervals"], start_ns, end_ns)
     ratio = part["resident_ratio"]
@@ -266,6 +307,11 @@ def _add_request_stages(into: dict[str, float], stages: dict[str, float], warmup
 
 def _judge_cold(judged: _Judged) -> None:
     try:
+        from otel_ttft.diagnosis import activation as diagnosis
+
+        judged.done.wait(_HISTORY_WAIT_S + _VOCABULARY_READ_S)
+        if judged.record is None:
+            return  # no ready verdict: nothing to judge again
         cold: dict[str, Any] = {
             "requests": judged.cold_done, "ttft_s": round(judged.cold_ttft, 6),
             "stages": {k: round(v, 6) for k, v in judged.cold_stages.items()}}
@@ -276,14 +322,10 @@ def _judge_cold(judged: _Judged) -> None:
         result = diagnosis.judge(record, judged.earlier,
                                  phase=semconv.VERDICT_PHASE_COLD_REQUESTS,
                                  vocab=judged.vocab, vocab_error=judged.vocab_error)
-        now = clock.now_ns()
-        parent = trace.set_span_in_context(trace.NonRecordingSpan(judged.span_context))
-        spans.emit_span(semconv.SPAN_ACTIVATION_VERDICT, now, now, context=parent,
-                        attributes=attributes(result))
-        _report(result, judged.trace_hex)
+        _emit(result, judged)
         if judged.saving is not None:
             judged.saving.join(history.LOCK_WAIT_S + 5)  # in order: this record replaces that
-        _save(judged.path, record)
+        _save(judged.pre.path, record)
         ledger.forget(judged.trace_hex)
         spans.flush_async()
     except Exception:  # noqa: BLE001
@@ -324,6 +366,8 @@ def _report(result: dict, trace_hex: str) -> None:
     line = result["summary"]
     if result.get("history_problem"):
         line += f" [history: {result['history_problem']}]"
+    if result.get("vocabulary_note"):
+        line += f" [{result['vocabulary_note']}]"
     level = logging.WARNING if result["outcome"] == "expanded" else logging.INFO
     logger.log(level, "%s (trace %s)", line, trace_hex)
     labels = {semconv.ATTR_STAGE: result["stage"],

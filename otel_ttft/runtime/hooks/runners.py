@@ -15,7 +15,7 @@ worker builds, and which hook measures each stage on it.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,12 +96,17 @@ def runner_for(device_type: str, v2: bool, mm_encoder_only: bool = False) -> Run
     return None
 
 
-def choice_reason(vllm_config: Any) -> str:
+def choice_reason(vllm_config: Any, *, use_v2: bool | None = None, triton: bool | None = None,
+                  unsupported: Sequence[str] | None = None) -> str:
     """Why vLLM builds V2 or V1 for this config, in the order and words of its own
-    ``VllmConfig.use_v2_model_runner`` (whose answer this explains, not replaces)."""
+    ``VllmConfig.use_v2_model_runner``, whose answer this explains, never re-derives: its answer,
+    the configs that require V2, ``VLLM_USE_V2_MODEL_RUNNER``, whether vLLM found Triton usable
+    (``vllm.triton_utils.HAS_TRITON``, read only) and, where a tool read them, the features V2
+    lacks. ``use_v2``/``triton``/``unsupported``: what a tool computed for another host."""
     from vllm import envs
 
-    use_v2 = bool(vllm_config.use_v2_model_runner)
+    if use_v2 is None:
+        use_v2 = bool(vllm_config.use_v2_model_runner)
     attention = getattr(vllm_config, "attention_config", None)
     if getattr(attention, "hisparse_config", None) is not None:
         return "HiSparse requires Model Runner V2"
@@ -112,13 +117,14 @@ def choice_reason(vllm_config: Any) -> str:
         return f"VLLM_USE_V2_MODEL_RUNNER={int(bool(forced))}"
     if use_v2:
         return "default: Model Runner V2 (Triton usable, no feature it lacks)"
-    config_module = sys.modules.get(type(vllm_config).__module__)
-    if not vars(config_module).get("HAS_TRITON", True):
+    if triton is None:
+        triton = bool(getattr(sys.modules.get("vllm.triton_utils"), "HAS_TRITON", True))
+    if not triton:
         return "Model Runner V2 requires Triton, not usable here: the V1 model runner"
-    unsupported = vllm_config._get_v2_model_runner_unsupported_features()
     if unsupported:
         return f"Model Runner V2 does not yet support {', '.join(unsupported)}: the V1 model runner"
-    return "VllmConfig.use_v2_model_runner is false: the V1 model runner"
+    return ("Model Runner V2 does not yet support a feature of this config (vLLM's warning names "
+            "it): the V1 model runner")
 
 
 def _reason_or_none(vllm_config: Any) -> str | None:
