@@ -135,6 +135,8 @@ def _tree(args: argparse.Namespace) -> int:
         if not printed:
             for root in sorted(fallback, key=lambda r: r.start_ns):
                 printed += _print_tree(root, args.max_depth, printed)
+        if printed:
+            sys.stdout.write("\n")  # the last line ends like every other
     except TraceFileError as exc:
         print(f"otel-ttft tree: {exc}", file=sys.stderr)
         return 2
