@@ -52,15 +52,19 @@ ROLES = ("api", "engine", "worker", "resource tracker", "compile worker", "other
 LABEL = {"api": "API server", "engine": "EngineCore", "worker": "worker"}
 
 
-def pss_kb(pid: int) -> int | None:
-    """The process's proportional set size (kB), or None if it is gone."""
+def pss_kb(pid: int) -> dict[str, int] | None:
+    """The process's proportional set size (kB): ``Pss``, and its ``Pss_Anon`` part, or None
+    if it is gone."""
     try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1])
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
     except OSError:
         return None
-    return None
+    found = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("Pss", "Pss_Anon"):
+            found[key] = int(rest.split()[0])
+    return found if "Pss" in found else None
 
 
 def role_of(role: str, pid: int) -> str:
@@ -79,14 +83,16 @@ def role_of(role: str, pid: int) -> str:
 
 
 def measure(server: VllmServer) -> dict[str, dict]:
-    """PSS (MB) and process count per role, over the server's whole process group."""
-    out = {role: {"mb": 0.0, "n": 0} for role in ROLES}
+    """PSS (MB: ``mb``, of it anonymous: ``anon_mb``) and process count per role, over the
+    server's whole process group."""
+    out = {role: {"mb": 0.0, "anon_mb": 0.0, "n": 0} for role in ROLES}
     for role, pids in processes(server).items():
         for pid in pids:
             kb = pss_kb(pid)
             if kb is not None:
                 cell = out[role_of(role, pid)]
-                cell["mb"] += kb / 1024
+                cell["mb"] += kb["Pss"] / 1024
+                cell["anon_mb"] += kb.get("Pss_Anon", 0) / 1024
                 cell["n"] += 1
     return out
 
@@ -115,12 +121,12 @@ def one_run(arm: str, model_dir: Path, work: Path, receiver: OTLPReceiver,
     return found
 
 
-def table(arms: list[str], runs: list[dict[str, dict[str, dict]]]) -> str:
+def table(arms: list[str], runs: list[dict[str, dict[str, dict]]], key: str = "mb") -> str:
     """Per role: mean MB of each arm over rounds; each other arm minus plain (mean, range over
-    rounds) in MB and % of plain's."""
+    rounds) in MB and % of plain's. ``key``: ``mb`` (PSS) or ``anon_mb`` (its anonymous part)."""
     def value(run_: dict, arm: str, role: str | None) -> float:
         cells = run_[arm]
-        return sum(c["mb"] for r, c in cells.items() if role is None or r == role)
+        return sum(c[key] for r, c in cells.items() if role is None or r == role)
 
     others = [a for a in arms if a != "plain"]
     head = "| role | procs | " + " | ".join(f"{a} MB" for a in arms) + " | " + " | ".join(
@@ -221,6 +227,11 @@ def main() -> None:
     print(f"\n{args.rounds} rounds, {args.requests} traced requests per server, "
           f"orders rotated; PSS in MB (MiB) after the load\n")
     print(table(arms, runs))
+    # File-backed pages (libtorch, the Python files) are shared with every other process that
+    # maps them, other servers on the machine included: their PSS share moves with what else
+    # runs. The anonymous part is the tree's own.
+    print("\nOf which anonymous (Pss_Anon: not shared with processes outside the tree)\n")
+    print(table(arms, runs, "anon_mb"))
     if args.json:
         args.json.write_text(json.dumps({"arms": arms, "runs": runs}, indent=1))
 
