@@ -138,3 +138,39 @@ def test_a_program_that_imports_vllm_is_instrumented_when_it_does():
 ])
 def test_the_command_line_decides(argv: list[str], verdict: str) -> None:
     assert gate.classify(argv) == verdict
+
+
+def test_the_entry_point_modules_are_cheap_to_import():
+    """What ``opentelemetry-instrument`` imports to find our distro, configurator and
+    instrumentor classes loads no hook, no state, no SDK (fresh interpreter, no
+    ``opentelemetry-instrument``)."""
+    code = PROBE + textwrap.dedent('''
+        from otel_ttft.runtime.distro import OtelTTFTConfigurator, OtelTTFTDistro
+        from otel_ttft.runtime.instrumentor import VllmTTFTInstrumentor
+        from otel_ttft.runtime import plugin
+        print(json.dumps(report()))
+    ''')
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert heavy(out["ours"] + out["sdk"]) == ["otel_ttft.runtime.instrumentor"], out
+
+
+def test_our_distro_loads_other_instrumentors_as_the_base_distro_does():
+    from otel_ttft.runtime.distro import OtelTTFTDistro
+
+    calls = []
+
+    class Other:
+        def instrument(self, **kwargs):
+            calls.append(kwargs)
+
+    class EntryPoint:
+        name, value = "other", "other_package.instrumentor:Other"
+
+        def load(self):
+            return Other
+
+    OtelTTFTDistro().load_instrumentor(EntryPoint(), skip_dep_check=True)
+    assert calls == [{"skip_dep_check": True}]
