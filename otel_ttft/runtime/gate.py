@@ -12,7 +12,8 @@ tracker, torch Inductor's compile workers, ``python -c`` probes. The interpreter
 - ``UNDECIDED``: anything else (multiprocessing's spawn children, which is what EngineCore and the
   workers are; a user's ``python myscript.py`` that runs ``LLM(...)``): our part runs when, and
   only if, the ``vllm`` package is imported (a post-import hook, :func:`when_vllm`). vLLM's spawn
-  children import ``vllm`` first thing (the parent's main module), before vLLM runs anything.
+  children import ``vllm`` first thing (the parent's main module, the function they run) before
+  any of vLLM's code runs.
 
 This module imports only the standard library; ``wrapt`` (already loaded by
 ``opentelemetry-instrument``) only for an undecided process.
