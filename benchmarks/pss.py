@@ -9,7 +9,10 @@ server per arm, in an order rotated every round (``plain, ours`` then ``ours, pl
 drifts over the run falls on both), sends the same ``--requests`` streamed completions with a
 sampled ``traceparent`` each (every request traced), waits one span-export interval, then reads
 ``Pss`` from ``/proc/<pid>/smaps_rollup`` of every process in the server's process group. PSS
-divides a shared page among the processes mapping it, so the sum is the tree's own memory.
+divides a shared page among the processes mapping it, so the sum is the tree's share of memory;
+but file pages (libtorch, Python's files) are shared with every other process on the machine that
+maps them, so that share moves with whatever else runs: the second table, ``Pss_Anon``, is the
+tree's own memory and resolves differences of a few MB where the whole PSS does not.
 
 Roles: the API server, EngineCore, its worker(s), multiprocessing's resource tracker, torch
 Inductor's compile workers, other. Per role, the mean over rounds of each arm, and of the
