@@ -3,32 +3,60 @@
 Without a distro and configurator the SDK installs no provider, and vLLM's spans and ours would go
 nowhere. Defaults only: every ``OTEL_*`` variable the user sets wins, and another installed distro
 (``OTEL_PYTHON_DISTRO``/``OTEL_PYTHON_CONFIGURATOR``) can be chosen instead.
+
+All three (the defaults, the providers, our instrumentor) happen in vLLM's processes only
+(``runtime.gate``): ``opentelemetry-instrument`` also runs in every helper a server starts
+(multiprocessing's resource tracker, compile workers, probes), and there this module and the gate
+are all of ours that load. Where the command line does not say, they wait for ``import vllm``.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from typing import Any
 
 from opentelemetry.instrumentation.distro import BaseDistro
 
-from otel_ttft.runtime import configurator
+from otel_ttft.runtime import gate
+
+_OURS = "otel_ttft."  # our entry points' values start so
+
+
+def _defaults() -> None:
+    os.environ.setdefault("OTEL_TRACES_EXPORTER", "otlp")
+    os.environ.setdefault("OTEL_METRICS_EXPORTER", "otlp")
+    os.environ.setdefault("OTEL_LOGS_EXPORTER", "none")
+    os.environ.setdefault("OTEL_SERVICE_NAME", "vllm")
+
+
+def _configure_providers() -> None:
+    from otel_ttft.runtime import configurator  # the SDK: only in vLLM's processes
+
+    configurator.configure()
 
 
 class OtelTTFTDistro(BaseDistro):
     def _configure(self, **kwargs: Any) -> None:
-        os.environ.setdefault("OTEL_TRACES_EXPORTER", "otlp")
-        os.environ.setdefault("OTEL_METRICS_EXPORTER", "otlp")
-        os.environ.setdefault("OTEL_LOGS_EXPORTER", "none")
-        os.environ.setdefault("OTEL_SERVICE_NAME", "vllm")
+        gate.when_vllm(_defaults, "OTEL_* defaults")
+
+    def load_instrumentor(self, entry_point: Any, **kwargs: Any) -> None:
+        """Our instrumentor in vLLM's processes only (``runtime.gate``); any other as the
+        base distro loads it."""
+        load = functools.partial(BaseDistro.load_instrumentor, self, entry_point, **kwargs)
+        if getattr(entry_point, "value", "").startswith(_OURS):
+            gate.when_vllm(load, f"instrumentor {entry_point.name}")
+        else:
+            load()
 
 
 class OtelTTFTConfigurator:
     """The ``opentelemetry_configurator`` entry point: ``opentelemetry-instrument`` calls
     ``configure()`` once per process; the providers and exporters come from the ``OTEL_*``
-    settings, with a bounded exit (``runtime.configurator``). What the SDK's configurator base
-    class would add (a singleton) is this lock and flag; no SDK-private name is needed."""
+    settings, with a bounded exit (``runtime.configurator``), in vLLM's processes only
+    (``runtime.gate``). What the SDK's configurator base class would add (a singleton) is this
+    lock and flag; no SDK-private name is needed."""
 
     _lock = threading.Lock()
     _done = False
@@ -38,4 +66,4 @@ class OtelTTFTConfigurator:
             if OtelTTFTConfigurator._done:
                 return
             OtelTTFTConfigurator._done = True
-        configurator.configure()
+        gate.when_vllm(_configure_providers, "the OpenTelemetry SDK's providers")

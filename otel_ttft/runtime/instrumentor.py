@@ -1,22 +1,27 @@
 """The ``opentelemetry_instrumentor`` entry point: ``opentelemetry-instrument`` loads it in every
-vLLM process (spawned children re-run its sitecustomize; forked ones inherit the patches)."""
+vLLM process (spawned children re-run its sitecustomize; forked ones inherit the patches).
+
+Cheap to import: the hooks, the state and the telemetry machinery load in ``_instrument``, which
+our distro calls in vLLM's processes only (``runtime.gate``; a helper process never gets here).
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Collection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.instrumentation.dependencies import DependencyConflict, get_dependency_conflicts
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
-from otel_ttft.runtime import config
-from otel_ttft.runtime.hooks import all_hooks, all_parts
-from otel_ttft.runtime.hooks.registry import Hook, HookSet
+from otel_ttft.runtime import gate
 from otel_ttft.runtime.package import _instruments_any
-from otel_ttft.runtime.state import ProcessState
-from otel_ttft.runtime.telemetry import metrics, spans
 from otel_ttft.runtime.vllm_version import SUPPORTED, installed_vllm
+
+if TYPE_CHECKING:
+    from otel_ttft.runtime import config
+    from otel_ttft.runtime.hooks.registry import Hook, HookSet
+    from otel_ttft.runtime.state import ProcessState
 
 logger = logging.getLogger("otel_ttft")
 
@@ -40,8 +45,16 @@ class VllmTTFTInstrumentor(BaseInstrumentor):
 
     def _instrument(self, **kwargs: Any) -> None:
         """``tracer_provider`` / ``meter_provider`` as in every contrib instrumentor (default: the
-        global ones); the ``OTEL_*`` settings (``environment_variables``) are read here, once."""
+        global ones); the ``OTEL_*`` settings (``environment_variables``) are read here, once.
+        Nothing in a helper process (``runtime.gate``), whoever calls it."""
+        if gate.classify() == gate.HELPER:
+            return
+        from otel_ttft.runtime import config
+        from otel_ttft.runtime.hooks import all_hooks, all_parts
+        from otel_ttft.runtime.hooks.registry import HookSet
         from otel_ttft.runtime.hooks.request import metrics as request_metrics
+        from otel_ttft.runtime.state import ProcessState
+        from otel_ttft.runtime.telemetry import metrics, spans
 
         cfg = config.Config.from_env(**kwargs)
         config.configure(cfg)
@@ -55,8 +68,10 @@ class VllmTTFTInstrumentor(BaseInstrumentor):
     def _uninstrument(self, **kwargs: Any) -> None:
         """Every wrapper undone, the signal chain put back, our state forgotten; providers were
         never changed (our processors belong to our configurator's provider)."""
+        from otel_ttft.runtime import config
         from otel_ttft.runtime.hooks.request import metrics as request_metrics
         from otel_ttft.runtime.hooks.request.state import book
+        from otel_ttft.runtime.telemetry import metrics, spans
 
         if self._hooks is not None:
             self._hooks.remove()
