@@ -112,7 +112,9 @@ def test_open_spans_give_the_in_progress_stage_and_an_unfinished_snapshot():
                 spans.stage_span("Load weights", semconv.STAGE_LOAD), \
                 spans.stage_span(semconv.SPAN_SHARD_READ, semconv.STAGE_LOAD_READ) as shard:
             assert tracker.innermost() is shard
-            (obs,) = inflight._observe()
+            watch = inflight.InflightWatch.__new__(inflight.InflightWatch)  # its gauge alone
+            watch.tracker = tracker
+            (obs,) = watch.observe()
             assert obs.attributes[semconv.ATTR_STAGE] == semconv.STAGE_LOAD_READ
             assert obs.value >= 0
             published = state_files.read_open_chain(os.getpid())
@@ -125,7 +127,7 @@ def test_open_spans_give_the_in_progress_stage_and_an_unfinished_snapshot():
             assert all(s.attributes[semconv.ATTR_SPAN_UNFINISHED] is True for s in copies)
     finally:
         root.end(end_time=clock.now_ns())
-    assert inflight._observe() == []
+    assert watch.observe() == []
     assert state_files.read_open_chain(os.getpid()) is None
     # The real spans came after their copies: a store that keeps the last copy shows them done.
     finished = [_as_dict(s) for s in exporter.get_finished_spans()]
@@ -256,7 +258,9 @@ SIGNAL_SCRIPT = textwrap.dedent('''
     from otel_ttft import semconv
     from otel_ttft.runtime import configurator
     from otel_ttft.runtime.telemetry import spans
+    from otel_ttft.runtime.instrumentor import VllmTTFTInstrumentor
     configurator.configure()
+    VllmTTFTInstrumentor().instrument(skip_dep_check=True)  # the watchers start with it
     assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL, "no handler installed"
     root = spans.tracer().start_span(semconv.SPAN_ACTIVATION)
     with trace.use_span(root), spans.stage_span("Load weights", semconv.STAGE_LOAD):

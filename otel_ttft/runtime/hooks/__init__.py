@@ -29,4 +29,19 @@ def all_hooks() -> list[Hook]:
 def all_parts() -> list[PartSpec]:
     """Every family's state part, in the order they are made (a part may read the ones made
     before it from the state being built); closed in the reverse order."""
-    return []
+    from otel_ttft.runtime import inflight
+    from otel_ttft.runtime.hooks import activation, first_use, switch, warmup
+    from otel_ttft.runtime.telemetry import bounded_export
+    from otel_ttft.runtime.telemetry import metrics as stage_metrics
+
+    return [
+        # --- start-up path: exec -> ready, the eviction at a stop signal, what watches it ---
+        PartSpec(bounded_export.PART, bounded_export.QuietSdkLogs),
+        PartSpec(stage_metrics.PART, stage_metrics.StageMetrics),
+        PartSpec(inflight.PART, inflight.InflightWatch),
+        PartSpec(activation.PART, activation.ActivationState),
+        PartSpec(warmup.PART, warmup.Warmup),
+        PartSpec(first_use.PART, first_use.FirstUse),
+        PartSpec(switch.PART, switch.SwitchState),
+        # --- end of the start-up path ---
+    ]

@@ -132,10 +132,18 @@ def _compile_outcome(counter: Any, before: Any, aot_probe: bool) -> dict[str, An
     }
 
 
-_probed_tags: set[str] = set()
+class Warmup:
+    """The ``warmup`` part: the compiled modules whose AOT-cache load attempt was a stage
+    already (``probed_tags``)."""
+
+    def __init__(self, process_state: Any = None) -> None:
+        self.probed_tags: set[str] = set()
 
 
-def _wrap_monitor_torch_compile(call, instance, args, kwargs):
+PART = "warmup"
+
+
+def _wrap_monitor_torch_compile(warmup: Warmup, call, instance, args, kwargs):
     """``monitor_torch_compile`` brackets every compile and every AOT-cache load attempt.
 
     Only the first load attempt per compiled module is a stage: when warm-up was skipped
@@ -155,9 +163,9 @@ def _wrap_monitor_torch_compile(call, instance, args, kwargs):
         return inner if aot_probe else request_worker.model_compile(inner)
     if aot_probe:
         tag = str(kwargs.get("tag", ""))
-        if tag in _probed_tags:
+        if tag in warmup.probed_tags:
             return inner
-        _probed_tags.add(tag)
+        warmup.probed_tags.add(tag)
     vllm_config = args[0] if args else kwargs.get("vllm_config")
     return _traced_compile(inner, vllm_config, aot_probe=aot_probe)
 
@@ -237,7 +245,8 @@ PROFILE_CPU = Hook(runners.PROFILE_CPU,
                    _wrap_profile_run, stage=semconv.STAGE_WARMUP_PROFILE, process=WORKER,
                    optional=True)
 COMPILE = Hook("warmup.compile", "vllm.compilation.decorators:monitor_torch_compile",
-               _wrap_monitor_torch_compile, stage=semconv.STAGE_WARMUP_COMPILE, process=WORKER)
+               _wrap_monitor_torch_compile, stage=semconv.STAGE_WARMUP_COMPILE, process=WORKER,
+               state=PART)
 KV_ALLOC = Hook(runners.KV_V1, f"{runners.V1}.initialize_kv_cache",
                 _wrap_initialize_kv_cache, stage=semconv.STAGE_WARMUP_KV_ALLOC, process=WORKER)
 KV_ALLOC_V2 = Hook(runners.KV_V2, f"{runners.V2}.initialize_kv_cache",

@@ -212,7 +212,6 @@ def adopt(pipeline: Pipeline) -> None:
     # summary) would vanish. A level set on "otel_ttft" by the user still wins.
     if logger.level == logging.NOTSET:
         logger.setLevel(logging.WARNING)
-    _quiet_sdk_logs()
     with contextlib.suppress(Exception):
         _counter()  # made now: at exit the meter provider may be shutting down
     atexit.register(bounded_exit)
@@ -224,11 +223,22 @@ def exporting_processors() -> list[SpanProcessor]:
     return list(_Exit.pipeline.exporting) if _Exit.pipeline is not None else []
 
 
-def before_flush(callback: Callable[[], None]) -> None:
+def before_exit_flush(callback: Callable[[], None]) -> None:
     """Run ``callback()`` at exit before the final flush (open spans are ended, waiting requests
-    emitted, so they are exported)."""
+    emitted, so they are exported). A part registers when it is made and takes it back when it
+    closes (``forget_before_exit_flush``)."""
     if callback not in _Exit.callbacks:
         _Exit.callbacks.append(callback)
+
+
+def forget_before_exit_flush(callback: Callable[[], None]) -> None:
+    with contextlib.suppress(ValueError):
+        _Exit.callbacks.remove(callback)
+
+
+before_flush = before_exit_flush
+"""Transitional (issue 53): ``request.settle`` registers at import; the merge moves it to its
+part."""
 
 
 def bounded_exit(timeout_s: float | None = None) -> None:
@@ -283,16 +293,29 @@ class _OncePerMessage(logging.Filter):
         return True
 
 
-_log_filter = _OncePerMessage()
+class QuietSdkLogs:
+    """The ``quiet_sdk_logs`` part: with our configurator's pipeline, one filter
+    (``_OncePerMessage``) on every OpenTelemetry logger made so far (the configurator imported the
+    exporters); closing it takes the filter off each of them."""
+
+    def __init__(self, process_state: Any) -> None:
+        self.filter = _OncePerMessage()
+        self.loggers: list[logging.Logger] = []
+        if _Exit.pipeline is None:
+            return  # a provider we did not build: its logs are its owner's business
+        for name in list(logging.root.manager.loggerDict):
+            if name.startswith("opentelemetry."):
+                log = logging.getLogger(name)
+                log.addFilter(self.filter)
+                self.loggers.append(log)
+
+    def close(self) -> None:
+        for log in self.loggers:
+            log.removeFilter(self.filter)
+        self.loggers.clear()
 
 
-def _quiet_sdk_logs() -> None:
-    """On every OpenTelemetry logger made so far (the configurator imported the exporters)."""
-    for name in list(logging.root.manager.loggerDict):
-        if name.startswith("opentelemetry."):
-            log = logging.getLogger(name)
-            if _log_filter not in log.filters:
-                log.addFilter(_log_filter)
+PART = "quiet_sdk_logs"
 
 
 def _quietly(fn: Callable[[], Any]) -> None:

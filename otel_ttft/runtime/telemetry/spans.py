@@ -8,7 +8,7 @@ a no-op until one exists.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -24,6 +24,8 @@ from otel_ttft.version import __version__
 logger = logging.getLogger("otel_ttft")
 
 _tracer = trace.get_tracer("otel_ttft", __version__)  # a proxy until a provider exists
+"""Transitional (issue 53): the tracer of code not yet handed its part's (``tracer=``)."""
+
 
 def tracer() -> trace.Tracer:
     return _tracer
@@ -35,24 +37,15 @@ def use_tracer_provider(provider: trace.TracerProvider | None) -> None:
     _tracer = trace.get_tracer("otel_ttft", __version__, tracer_provider=provider)
 
 
-def flush_async() -> None:
+def flush_async(cfg: config.Config | None = None) -> None:
     """Export what this process has so far without blocking vLLM: a child can be killed at
     shutdown before its batch processor's next tick, and its start-up spans would be lost.
-    The provider in force (``config.tracer_provider``) is flushed."""
-    flush = getattr(config.tracer_provider(), "force_flush", None)
+    ``cfg``'s provider is flushed (default: the config in force)."""
+    flush = getattr(config.tracer_provider(cfg), "force_flush", None)
     if flush is not None:
         import threading
 
         threading.Thread(target=flush, name="otel-ttft-flush", daemon=True).start()
-
-
-_on_staged: Callable[[Span], None] | None = None
-
-
-def set_staged_listener(listener: Callable[[Span], None]) -> None:
-    """Told when a span gets its stage after it started (the in-flight tracker)."""
-    global _on_staged
-    _on_staged = listener
 
 
 def tag_span(span: Span, stage: str | None, attributes: Mapping[str, Any] | None) -> None:
@@ -62,8 +55,6 @@ def tag_span(span: Span, stage: str | None, attributes: Mapping[str, Any] | None
         span.set_attribute(semconv.ATTR_PROCESS_KIND, this_process.kind)
     if attributes:
         span.set_attributes({k: v for k, v in attributes.items() if v is not None})
-    if stage is not None and _on_staged is not None and span.is_recording():
-        _on_staged(span)  # a span the sampler dropped is nobody's to track
 
 
 @contextmanager
