@@ -201,10 +201,17 @@ class SwitchState:
             del self.previous[sig]
 
     def close(self) -> None:
+        """The signals back to the handlers we found; an eviction still waiting ends now (its
+        thread wakes and finds it ended) and its exit handler is taken back."""
         global _open_state
         self.remove_signal_chain()
-        if self.eviction is not None:
-            atexit.unregister(self.eviction.at_exit)
+        eviction = self.eviction
+        if eviction is not None:
+            atexit.unregister(eviction.at_exit)
+            if not eviction.done.is_set():
+                eviction.span.set_attribute(semconv.ATTR_SPAN_ENDED_BY, "uninstrument")
+                eviction.end(len(_alive(eviction.procs)))
+            eviction.exiting.set()
         if _open_state is self:
             _open_state = None
 
