@@ -40,7 +40,9 @@ EXIT_SCRIPT = textwrap.dedent('''
                        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
                        "OTEL_METRIC_EXPORT_INTERVAL": "60000"})
     from otel_ttft.runtime import configurator
-    configurator.configure()  # what opentelemetry-instrument runs
+    from otel_ttft.runtime.instrumentor import VllmTTFTInstrumentor
+    configurator.configure()  # what opentelemetry-instrument runs, then the instrumentors
+    VllmTTFTInstrumentor().instrument(skip_dep_check=True)
     tracer = trace.get_tracer("t")
     for i in range(3000):  # more than the SDK's queue (2048): the overflow is counted too
         tracer.start_span(f"s{i}").end()

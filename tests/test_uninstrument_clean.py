@@ -100,6 +100,7 @@ def _installed(settle: tuple[str, ...] = _SHORT_LIVED) -> dict[str, object]:
         "signal handlers": {sig.name: _handler(signal.getsignal(sig)) for sig in _SIGNALS},
         "clock offset env": os.environ.get(clock.OTEL_TTFT_CLOCK_OFFSET),
         "before exit flush": len(bounded_export._Exit.callbacks),
+        "exit deadline": bounded_export._Exit.timeout_s,
         "threads": sorted(t.name for t in threading.enumerate()
                           if t.name.startswith("otel-ttft")),
         "gauges registered": len(telemetry_metrics._feeds),
@@ -139,6 +140,7 @@ def _use(instrumentor: VllmTTFTInstrumentor) -> None:
 def test_uninstrument_takes_back_everything_the_start_up_path_installed(pristine,
                                                                          monkeypatch):
     instrumentor, exporter = pristine
+    monkeypatch.setenv("OTEL_TTFT_EXIT_TIMEOUT_MS", "1234")
     before = _installed()
     instrumentor.instrument(skip_dep_check=True)
     _use(instrumentor)
@@ -146,7 +148,7 @@ def test_uninstrument_takes_back_everything_the_start_up_path_installed(pristine
     changed = {k for k in before if during[k] != before[k]}
     # each of these is installed while instrumented (so the comparison below means something)
     assert {"wrappers", "atexit", "logger filters", "signal handlers", "clock offset env",
-            "before exit flush", "threads", "gauges fed"} <= changed, changed
+            "before exit flush", "exit deadline", "threads", "gauges fed"} <= changed, changed
     instrumentor.uninstrument()
     after = _installed()
     # a gauge's registration stays with its provider (fed by nothing now: the test below)

@@ -37,7 +37,7 @@ def all_parts() -> list[PartSpec]:
     return [
         # --- start-up path: exec -> ready, the eviction at a stop signal, what watches it ---
         PartSpec(clock.PART, clock.HandDown),
-        PartSpec(bounded_export.PART, bounded_export.QuietSdkLogs),
+        PartSpec(bounded_export.PART, bounded_export.BoundedExit),
         PartSpec(stage_metrics.PART, stage_metrics.StageMetrics),
         PartSpec(inflight.PART, inflight.InflightWatch),
         PartSpec(activation.PART, activation.ActivationState),
