@@ -25,6 +25,7 @@ from otel_ttft.runtime import clock, config, inflight, state_files
 from otel_ttft.runtime import environment_variables as env
 from otel_ttft.runtime.context import process as this_process
 from otel_ttft.runtime.hooks import fault
+from otel_ttft.runtime.state import ProcessState
 from otel_ttft.runtime.telemetry import spans
 from otel_ttft.tools.analysis.traces import build_trees
 from otel_ttft.tools.replay.server import free_port
@@ -373,7 +374,8 @@ def test_a_sampler_that_drops_every_span_leaves_stages_and_compiles_running(monk
     from otel_ttft.runtime.hooks import warmup
 
     _stage_spans()  # the in-flight tracker listens for stages
-    spans.use_tracer_provider(TracerProvider(sampler=ALWAYS_OFF))
+    dropping = TracerProvider(sampler=ALWAYS_OFF)
+    spans.use_tracer_provider(dropping)
     try:
         with spans.stage_span(semconv.SPAN_SHARD_READ, semconv.STAGE_LOAD_READ) as span:
             assert not span.is_recording()
@@ -386,7 +388,8 @@ def test_a_sampler_that_drops_every_span_leaves_stages_and_compiles_running(monk
             def __exit__(self, *exc):
                 entered.append("exit")
 
-        with warmup._traced_compile(Compile(), None, aot_probe=False):
+        part = warmup.Warmup(ProcessState(config.Config(tracer_provider=dropping)))
+        with warmup._traced_compile(part, Compile(), None, aot_probe=False):
             entered.append("compiling")
         assert entered == ["enter", "compiling", "exit"]
         assert not warmup.COMPILE.failed
@@ -396,7 +399,7 @@ def test_a_sampler_that_drops_every_span_leaves_stages_and_compiles_running(monk
 
         monkeypatch.setattr(spans, "stage_span", broken)
         entered.clear()
-        with warmup._traced_compile(Compile(), None, aot_probe=False):
+        with warmup._traced_compile(part, Compile(), None, aot_probe=False):
             entered.append("compiling")
         assert entered == ["enter", "compiling", "exit"]
         assert warmup.COMPILE.failed

@@ -6,6 +6,7 @@ The CUDA measurements themselves run only on a GPU (docs/gpu-checks.md)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import json
 import re
@@ -183,7 +184,8 @@ def test_the_checked_hooks_are_the_instrumentors_own():
 def _guarded_wrapper(attribute):
     """The hook function inside the registry's guard that wraps ``attribute``."""
     assert isinstance(attribute, wrapt.FunctionWrapper)
-    return inspect.getclosurevars(attribute._self_wrapper).nonlocals["fn"]
+    fn = inspect.getclosurevars(attribute._self_wrapper).nonlocals["fn"]
+    return fn.func if isinstance(fn, functools.partial) else fn  # its state part bound first
 
 
 def test_hooked_applies_the_registry_wrappers_to_the_stand_ins_and_undoes_them():

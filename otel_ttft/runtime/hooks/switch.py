@@ -10,6 +10,15 @@ EngineCore's "Sleep" [switch.sleep] nests under it.
 
 We chain to vLLM's signal handling, never replace it: once uvicorn listens (vLLM has installed its
 loop handlers by then), our Python-level handler notes the time and calls the one it found.
+
+Why a signal handler and not a wrapper through the registry (issue 53 wants one way in): vLLM
+handles the stop signal in ``launcher.serve_http`` with a closure registered through
+``loop.add_signal_handler``, which no wrapper can reach; the first vLLM function it leads to that
+the registry can wrap (``AsyncLLM.shutdown``, from ``handle_shutdown``) runs a loop turn later,
+from an executor thread, and knows neither the signal nor that one arrived (it also runs on
+errors and at interpreter exit). The signal's arrival, and which signal, are only seen here. The
+handler is the ``switch`` part's: closing it puts back, exactly, the handler it found (if ours is
+still the one installed; a later handler that chained to ours keeps calling through it).
 """
 
 from __future__ import annotations
