@@ -30,7 +30,7 @@ def all_parts() -> list[PartSpec]:
     """Every family's state part, in the order they are made (a part may read the ones made
     before it from the state being built); closed in the reverse order."""
     from otel_ttft.runtime import clock, inflight
-    from otel_ttft.runtime.hooks import activation, first_use, switch, warmup
+    from otel_ttft.runtime.hooks import activation, fault, first_use, switch, warmup
     from otel_ttft.runtime.telemetry import bounded_export
     from otel_ttft.runtime.telemetry import metrics as stage_metrics
 
@@ -42,6 +42,7 @@ def all_parts() -> list[PartSpec]:
         PartSpec(inflight.PART, inflight.InflightWatch),
         PartSpec(activation.PART, activation.ActivationState),
         PartSpec(warmup.PART, warmup.Warmup),
+        PartSpec(fault.PART, fault.ChildDeaths),
         PartSpec(first_use.PART, first_use.FirstUse),
         PartSpec(switch.PART, switch.SwitchState),
         # --- end of the start-up path ---
