@@ -152,7 +152,10 @@ def _add(entry: _Entry, start: int, end: int, stage: str, attrs: Any) -> None:
                                         *(v for v in value if isinstance(v, (int, float)))})
 
 
-_ledgers: list[StageLedger] = []  # this process's, once made
+_ledgers: list[StageLedger] = []
+"""This process's ledger, once our configurator made it: a processor of the provider it built,
+living as long as that provider (not an instrumentation); ``gather`` reads its entries in memory.
+(Issue 53, at merge: the configurator keeps it on its ``Pipeline`` and ``gather`` is handed it.)"""
 
 
 def install() -> StageLedger | None:
