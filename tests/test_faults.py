@@ -25,7 +25,7 @@ from otel_ttft.runtime import clock, config, inflight, state_files
 from otel_ttft.runtime import environment_variables as env
 from otel_ttft.runtime.context import process as this_process
 from otel_ttft.runtime.hooks import fault
-from otel_ttft.runtime.state import ProcessState
+from otel_ttft.runtime.state import PartSpec, ProcessState
 from otel_ttft.runtime.telemetry import spans
 from otel_ttft.tools.analysis.traces import build_trees
 from otel_ttft.tools.replay.server import free_port
@@ -406,3 +406,20 @@ def test_a_sampler_that_drops_every_span_leaves_stages_and_compiles_running(monk
     finally:
         warmup.COMPILE.failed = False
         spans.use_tracer_provider(None)
+
+
+def test_a_stage_given_after_the_span_opened_is_in_the_published_chain():
+    """A shard read opens, then gets its stage (``tag_span``): while instrumented the in-flight
+    watch hears it, and a parent that finds the child dead reads the stage it died in."""
+    tracker = _stage_spans()
+    state = ProcessState(config.current, [PartSpec(inflight.PART, inflight.InflightWatch)])
+    span = spans.tracer().start_span(semconv.SPAN_SHARD_READ, start_time=clock.now_ns())
+    try:
+        assert span in tracker.open_spans()
+        spans.tag_span(span, semconv.STAGE_LOAD_READ, None)
+        (entry,) = state_files.read_open_chain(os.getpid())["open"]
+        assert entry["stage"] == semconv.STAGE_LOAD_READ
+    finally:
+        span.end()
+        state.close()
+    assert spans._stage_listeners == []

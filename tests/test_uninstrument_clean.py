@@ -23,7 +23,7 @@ from otel_ttft import semconv
 from otel_ttft.runtime import clock, config
 from otel_ttft.runtime.hooks import activation, all_hooks, switch
 from otel_ttft.runtime.instrumentor import VllmTTFTInstrumentor
-from otel_ttft.runtime.telemetry import bounded_export
+from otel_ttft.runtime.telemetry import bounded_export, spans
 from otel_ttft.runtime.telemetry import metrics as telemetry_metrics
 from tests.otel_memory import memory_exporter
 
@@ -101,6 +101,7 @@ def _installed(settle: tuple[str, ...] = _SHORT_LIVED) -> dict[str, object]:
         "clock offset env": os.environ.get(clock.OTEL_TTFT_CLOCK_OFFSET),
         "before exit flush": len(bounded_export._Exit.callbacks),
         "exit deadline": bounded_export._Exit.timeout_s,
+        "stage listeners": len(spans._stage_listeners),
         "threads": sorted(t.name for t in threading.enumerate()
                           if t.name.startswith("otel-ttft")),
         "gauges registered": len(telemetry_metrics._feeds),
@@ -148,7 +149,8 @@ def test_uninstrument_takes_back_everything_the_start_up_path_installed(pristine
     changed = {k for k in before if during[k] != before[k]}
     # each of these is installed while instrumented (so the comparison below means something)
     assert {"wrappers", "atexit", "logger filters", "signal handlers", "clock offset env",
-            "before exit flush", "exit deadline", "threads", "gauges fed"} <= changed, changed
+            "before exit flush", "exit deadline", "stage listeners", "threads",
+            "gauges fed"} <= changed, changed
     instrumentor.uninstrument()
     after = _installed()
     # a gauge's registration stays with its provider (fed by nothing now: the test below)

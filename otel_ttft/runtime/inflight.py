@@ -84,6 +84,12 @@ class InflightTracker(SpanProcessor):
             self._open[span.get_span_context().span_id] = span
         self.publish()
 
+    def restaged(self, span: Any) -> None:
+        """A tracked span got its stage after it started: the published chain must say it."""
+        if getattr(span, "name", None) in ACTIVATION_SPAN_NAMES \
+                and getattr(span, "end_time", 0) is None:
+            self.publish()
+
     def on_end(self, span: ReadableSpan) -> None:
         if span.name not in ACTIVATION_SPAN_NAMES:
             return
@@ -201,6 +207,7 @@ class InflightWatch:
                                           daemon=True)
         self.snapshots.start()
         self._install_fatal_signal_handlers()
+        spans.listen_for_stages(self.tracker.restaged)
         bounded_export.before_exit_flush(self.end_open_at_exit)
         atexit.register(self.forget_published)
 
@@ -209,6 +216,7 @@ class InflightWatch:
             return
         atexit.unregister(self.forget_published)
         bounded_export.forget_before_exit_flush(self.end_open_at_exit)
+        spans.stop_listening_for_stages(self.tracker.restaged)
         self._restore_fatal_signal_handlers()
         self.stop.set()
         if self.snapshots is not None and self.snapshots is not threading.current_thread():

@@ -8,7 +8,7 @@ a no-op until one exists.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -48,6 +48,23 @@ def flush_async(cfg: config.Config | None = None) -> None:
         threading.Thread(target=flush, name="otel-ttft-flush", daemon=True).start()
 
 
+_stage_listeners: list[Callable[[Span], None]] = []
+"""Told when a span gets its stage after it started (``tag_span`` on an open span: a shard read,
+vLLM's span enriched): the in-flight tracker republishes the open chain with the stage. Added by
+the ``inflight`` part when it is made, removed when it closes. (Once every span opens with its
+stage, ``start_span(attributes=...)``, the tracker sees it in ``on_start`` and this can go.)"""
+
+
+def listen_for_stages(listener: Callable[[Span], None]) -> None:
+    if listener not in _stage_listeners:
+        _stage_listeners.append(listener)
+
+
+def stop_listening_for_stages(listener: Callable[[Span], None]) -> None:
+    if listener in _stage_listeners:
+        _stage_listeners.remove(listener)
+
+
 def tag_span(span: Span, stage: str | None, attributes: Mapping[str, Any] | None) -> None:
     if stage is not None:
         span.set_attribute(semconv.ATTR_STAGE, stage)
@@ -55,6 +72,9 @@ def tag_span(span: Span, stage: str | None, attributes: Mapping[str, Any] | None
         span.set_attribute(semconv.ATTR_PROCESS_KIND, this_process.kind)
     if attributes:
         span.set_attributes({k: v for k, v in attributes.items() if v is not None})
+    if stage is not None and _stage_listeners and span.is_recording():
+        for listener in list(_stage_listeners):  # a span the sampler dropped is nobody's
+            listener(span)
 
 
 @contextmanager
