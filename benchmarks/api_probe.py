@@ -286,7 +286,7 @@ def _switch_metered(hooks, disabled: set[str], want: str | None) -> str:
         _free_functions(False)
         return "off"
     _metered = HookSet([_meter.timed(h) if _meterable(h) else replace(h, applied=False)
-                        for h in hooks.hooks])
+                        for h in hooks.hooks], hooks.state)  # the parts the hooks name
     _metered.apply(disabled=disabled)
     _free_functions(True)
     return "on"

@@ -237,13 +237,18 @@ def vllm_answers(counter: CompilationCounter, is_accelerator: Callable[[], bool]
 
 @contextlib.contextmanager
 def hooked() -> Iterator[Any]:
-    """``HOOKS`` applied to this module by the registry, as to vLLM's; undone on exit."""
+    """``HOOKS`` applied to this module by the registry, as to vLLM's, with the process state
+    ``_instrument`` makes; undone on exit."""
+    from otel_ttft.runtime import config
+    from otel_ttft.runtime.hooks import all_parts
     from otel_ttft.runtime.hooks.registry import HookSet
+    from otel_ttft.runtime.state import ProcessState
 
     module = sys.modules[__name__]
-    hook_set = HookSet(list(HOOKS))
+    hook_set = HookSet(list(HOOKS), ProcessState(config.current, all_parts()))
     hook_set.apply_to(module)
     try:
         yield hook_set
     finally:
         hook_set.remove(module)
+        hook_set.state.close()

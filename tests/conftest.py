@@ -120,16 +120,20 @@ def exporter() -> InMemorySpanExporter:
 @pytest.fixture
 def hooks() -> Iterator[Callable[..., None]]:
     """``hooks(*selected)`` applies these hooks for the test; removed after it."""
+    from otel_ttft.runtime.hooks import all_parts
+    from otel_ttft.runtime.state import ProcessState
+
     applied: list[HookSet] = []
 
     def apply(*selected: Any) -> None:
-        hook_set = HookSet(list(selected))
+        hook_set = HookSet(list(selected), ProcessState(config.current, all_parts()))
         hook_set.apply()
         applied.append(hook_set)
 
     yield apply
     for hook_set in applied:
         hook_set.remove()
+        hook_set.state.close()
 
 
 @pytest.fixture

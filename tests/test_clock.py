@@ -30,12 +30,22 @@ def test_a_fresh_tree_maps_now_to_the_wall_clock():
 
 def test_the_offset_is_handed_down_and_taken_as_is():
     """A process started under another's offset adds exactly that one, even when the wall clock
-    says otherwise (it stepped between the two starts): their spans stay on one clock."""
+    says otherwise (it stepped between the two starts): their spans stay on one clock. Importing
+    the clock writes nothing; the ``clock`` part hands it down while instrumented, and takes it
+    back when it closes."""
+    name = clock.OTEL_TTFT_CLOCK_OFFSET
     out = _fresh("import os\n"
                  "from otel_ttft.runtime import clock\n"
-                 f"print(clock.EPOCH_OFFSET_NS, os.environ['{clock.OTEL_TTFT_CLOCK_OFFSET}'])")
-    offset, handed = out.split()
+                 f"print('{name}' in os.environ)\n"
+                 "part = clock.HandDown()\n"
+                 f"print(clock.EPOCH_OFFSET_NS, os.environ['{name}'])\n"
+                 "part.close()\n"
+                 f"print('{name}' in os.environ)")
+    before, handed_line, after = out.splitlines()
+    offset, handed = handed_line.split()
+    assert before == after == "False"
     assert handed == f"{clock._boot_id()}:{offset}"
+    assert clock.handed_down() == {name: f"{clock._boot_id()}:{clock.EPOCH_OFFSET_NS}"}
     stepped = int(offset) + 4_000_000_000  # as if the parent measured before a 4 s step
     code = ("from otel_ttft.runtime import clock\n"
             "print(clock.EPOCH_OFFSET_NS)")

@@ -25,6 +25,7 @@ from otel_ttft.runtime import clock, config, inflight, state_files
 from otel_ttft.runtime import environment_variables as env
 from otel_ttft.runtime.context import process as this_process
 from otel_ttft.runtime.hooks import fault
+from otel_ttft.runtime.state import PartSpec, ProcessState
 from otel_ttft.runtime.telemetry import spans
 from otel_ttft.tools.analysis.traces import build_trees
 from otel_ttft.tools.replay.server import free_port
@@ -40,7 +41,9 @@ EXIT_SCRIPT = textwrap.dedent('''
                        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
                        "OTEL_METRIC_EXPORT_INTERVAL": "60000"})
     from otel_ttft.runtime import configurator
-    configurator.configure()  # what opentelemetry-instrument runs
+    from otel_ttft.runtime.instrumentor import VllmTTFTInstrumentor
+    configurator.configure()  # what opentelemetry-instrument runs, then the instrumentors
+    VllmTTFTInstrumentor().instrument(skip_dep_check=True)
     tracer = trace.get_tracer("t")
     for i in range(3000):  # more than the SDK's queue (2048): the overflow is counted too
         tracer.start_span(f"s{i}").end()
@@ -112,7 +115,9 @@ def test_open_spans_give_the_in_progress_stage_and_an_unfinished_snapshot():
                 spans.stage_span("Load weights", semconv.STAGE_LOAD), \
                 spans.stage_span(semconv.SPAN_SHARD_READ, semconv.STAGE_LOAD_READ) as shard:
             assert tracker.innermost() is shard
-            (obs,) = inflight._observe()
+            watch = inflight.InflightWatch.__new__(inflight.InflightWatch)  # its gauge alone
+            watch.tracker = tracker
+            (obs,) = watch.observe()
             assert obs.attributes[semconv.ATTR_STAGE] == semconv.STAGE_LOAD_READ
             assert obs.value >= 0
             published = state_files.read_open_chain(os.getpid())
@@ -125,7 +130,7 @@ def test_open_spans_give_the_in_progress_stage_and_an_unfinished_snapshot():
             assert all(s.attributes[semconv.ATTR_SPAN_UNFINISHED] is True for s in copies)
     finally:
         root.end(end_time=clock.now_ns())
-    assert inflight._observe() == []
+    assert watch.observe() == []
     assert state_files.read_open_chain(os.getpid()) is None
     # The real spans came after their copies: a store that keeps the last copy shows them done.
     finished = [_as_dict(s) for s in exporter.get_finished_spans()]
@@ -256,7 +261,9 @@ SIGNAL_SCRIPT = textwrap.dedent('''
     from otel_ttft import semconv
     from otel_ttft.runtime import configurator
     from otel_ttft.runtime.telemetry import spans
+    from otel_ttft.runtime.instrumentor import VllmTTFTInstrumentor
     configurator.configure()
+    VllmTTFTInstrumentor().instrument(skip_dep_check=True)  # the watchers start with it
     assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL, "no handler installed"
     root = spans.tracer().start_span(semconv.SPAN_ACTIVATION)
     with trace.use_span(root), spans.stage_span("Load weights", semconv.STAGE_LOAD):
@@ -367,7 +374,8 @@ def test_a_sampler_that_drops_every_span_leaves_stages_and_compiles_running(monk
     from otel_ttft.runtime.hooks import warmup
 
     _stage_spans()  # the in-flight tracker listens for stages
-    spans.use_tracer_provider(TracerProvider(sampler=ALWAYS_OFF))
+    dropping = TracerProvider(sampler=ALWAYS_OFF)
+    spans.use_tracer_provider(dropping)
     try:
         with spans.stage_span(semconv.SPAN_SHARD_READ, semconv.STAGE_LOAD_READ) as span:
             assert not span.is_recording()
@@ -380,7 +388,8 @@ def test_a_sampler_that_drops_every_span_leaves_stages_and_compiles_running(monk
             def __exit__(self, *exc):
                 entered.append("exit")
 
-        with warmup._traced_compile(Compile(), None, aot_probe=False):
+        part = warmup.Warmup(ProcessState(config.Config(tracer_provider=dropping)))
+        with warmup._traced_compile(part, Compile(), None, aot_probe=False):
             entered.append("compiling")
         assert entered == ["enter", "compiling", "exit"]
         assert not warmup.COMPILE.failed
@@ -390,10 +399,27 @@ def test_a_sampler_that_drops_every_span_leaves_stages_and_compiles_running(monk
 
         monkeypatch.setattr(spans, "stage_span", broken)
         entered.clear()
-        with warmup._traced_compile(Compile(), None, aot_probe=False):
+        with warmup._traced_compile(part, Compile(), None, aot_probe=False):
             entered.append("compiling")
         assert entered == ["enter", "compiling", "exit"]
         assert warmup.COMPILE.failed
     finally:
         warmup.COMPILE.failed = False
         spans.use_tracer_provider(None)
+
+
+def test_a_stage_given_after_the_span_opened_is_in_the_published_chain():
+    """A shard read opens, then gets its stage (``tag_span``): while instrumented the in-flight
+    watch hears it, and a parent that finds the child dead reads the stage it died in."""
+    tracker = _stage_spans()
+    state = ProcessState(config.current, [PartSpec(inflight.PART, inflight.InflightWatch)])
+    span = spans.tracer().start_span(semconv.SPAN_SHARD_READ, start_time=clock.now_ns())
+    try:
+        assert span in tracker.open_spans()
+        spans.tag_span(span, semconv.STAGE_LOAD_READ, None)
+        (entry,) = state_files.read_open_chain(os.getpid())["open"]
+        assert entry["stage"] == semconv.STAGE_LOAD_READ
+    finally:
+        span.end()
+        state.close()
+    assert spans._stage_listeners == []

@@ -12,22 +12,26 @@ from pathlib import Path
 import pytest
 
 from otel_ttft import semconv
+from otel_ttft.runtime import config
 from otel_ttft.runtime.context import process as this_process
 from otel_ttft.runtime.hooks import first_use
 from otel_ttft.runtime.hooks.registry import HookSet
+from otel_ttft.runtime.state import PartSpec, ProcessState
 
 
 @pytest.fixture
 def imports_hooked(monkeypatch: pytest.MonkeyPatch):
     hook = next(h for h in first_use.HOOKS if h.name == "request.first_use.imports")
     monkeypatch.setattr(this_process, "kind", semconv.PROCESS_API_SERVER)
-    hooks = HookSet([hook])
+    hooks = HookSet([hook], ProcessState(config.current,
+                                         [PartSpec(first_use.PART, first_use.FirstUse)]))
     hooks.apply()
     assert hook.applied
     try:
-        yield hook
+        yield hooks.state.part(first_use.PART)
     finally:
         hooks.remove()
+        hooks.state.close()
     assert not hook.applied
 
 
@@ -44,13 +48,13 @@ def test_a_first_import_is_one_fill_and_a_second_costs_nothing(imports_hooked, t
     name = _modules(tmp_path, monkeypatch, "a")
     start = time.monotonic()
     importlib.import_module(name)
-    fills = first_use.within(start, time.monotonic())
+    fills = imports_hooked.within(start, time.monotonic())
     assert [label for _, _, label in fills] == [first_use.IMPORTS]  # the inner one nests in it
     (begin, end, _), = fills
     assert end - begin >= 0.04  # both modules' work, on the one clock
     again = time.monotonic()
     importlib.import_module(name)  # in sys.modules: the import system loads nothing
-    assert first_use.within(again, time.monotonic()) == []
+    assert imports_hooked.within(again, time.monotonic()) == []
     for mod in (name, "fu_inner_a"):
         sys.modules.pop(mod, None)
 
@@ -60,14 +64,16 @@ def test_other_processes_record_nothing(imports_hooked, tmp_path, monkeypatch):
     name = _modules(tmp_path, monkeypatch, "b")
     start = time.monotonic()
     importlib.import_module(name)
-    assert first_use.within(start, time.monotonic()) == []
+    assert imports_hooked.within(start, time.monotonic()) == []
     for mod in (name, "fu_inner_b"):
         sys.modules.pop(mod, None)
 
 
 def test_a_window_sees_only_the_fills_that_began_inside_it():
-    first_use._fills.append((10.0, 10.5, "x"))
-    first_use._fills.append((20.0, 20.1, "y"))
-    assert [f[2] for f in first_use.within(9.0, 15.0)] == ["x"]
-    assert first_use.within(10.6, 19.0) == []
-    assert first_use.within(25.0, 30.0) == []  # the newest ended before: one comparison
+    part = first_use.FirstUse()
+    part.fills.append((10.0, 10.5, "x"))
+    part.fills.append((20.0, 20.1, "y"))
+    assert [f[2] for f in part.within(9.0, 15.0)] == ["x"]
+    assert part.within(10.6, 19.0) == []
+    assert part.within(25.0, 30.0) == []  # the newest ended before: one comparison
+    part.close()

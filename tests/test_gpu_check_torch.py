@@ -185,7 +185,7 @@ def _guarded_wrapper(attribute):
     """The hook function inside the registry's guard that wraps ``attribute``."""
     assert isinstance(attribute, wrapt.FunctionWrapper)
     fn = inspect.getclosurevars(attribute._self_wrapper).nonlocals["fn"]
-    return fn.func if isinstance(fn, functools.partial) else fn
+    return fn.func if isinstance(fn, functools.partial) else fn  # its state part bound first
 
 
 def test_hooked_applies_the_registry_wrappers_to_the_stand_ins_and_undoes_them():

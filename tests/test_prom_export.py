@@ -109,9 +109,13 @@ provider = MeterProvider(metric_readers=[reader], resource=resource)
 metrics.set_meter_provider(provider)
 trace.set_tracer_provider(TracerProvider(resource=resource))
 
-from otel_ttft.runtime.telemetry import metrics as m
+from otel_ttft.runtime import config
+from otel_ttft.runtime.state import PartSpec, ProcessState
+from otel_ttft.runtime.telemetry import metrics as stage_metrics
 from otel_ttft.runtime.hooks.request import metrics as mr
 
+m = ProcessState(config.Config(), [PartSpec(stage_metrics.PART, stage_metrics.StageMetrics)]
+                 ).part(stage_metrics.PART)
 m.record_activation_stage("warmup.compile", 2.5, "tiny", 1, cache_hit=True)
 m.record_activation_stage("warmup.compile", 4.0, "tiny", 1, cache_hit=False)
 m.record_activation_stage("load.read", 0.75, "tiny", 1)
@@ -263,41 +267,50 @@ def test_cli_writes_openmetrics_history(receiver, tmp_path):
     assert out.stdout.rstrip().endswith("# EOF")
 
 
+def _stage_metrics():
+    """A ``stage_metrics`` part on a meter provider of its own."""
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    from otel_ttft.runtime import config
+    from otel_ttft.runtime.state import PartSpec, ProcessState
+    from otel_ttft.runtime.telemetry import metrics
+
+    state = ProcessState(config.Config(meter_provider=MeterProvider()),
+                         [PartSpec(metrics.PART, metrics.StageMetrics)])
+    return state, state.part(metrics.PART)
+
+
 def test_latest_activation_gauges_start_afresh_with_a_new_activation():
     """Within one activation the longest span of a stage wins; a new activation (another trace,
     e.g. a wake-up) replaces the values, so the gauge is the latest activation's."""
-    from otel_ttft.runtime.telemetry import metrics
-
-    metrics._last.clear()
-    metrics._compiles.clear()
-    metrics.record_activation_stage("load.read", 1.0, "m", trace_id=1)
-    metrics.record_activation_stage("load.read", 3.0, "m", trace_id=1)
-    metrics.record_activation_stage("load.read", 2.0, "m", trace_id=1)
-    metrics.record_activation_stage("warmup.compile", 5.0, "m", trace_id=1, cache_hit=False)
-    assert metrics._last[("load.read", "m")][1] == 3.0
-    metrics.record_activation_stage("load.read", 0.5, "m", trace_id=2)
-    metrics.record_activation_stage("warmup.compile", 1.0, "m", trace_id=2, cache_hit=True)
-    metrics.record_activation_stage("warmup.compile", 1.0, "m", trace_id=2, cache_hit=True)
+    state, part = _stage_metrics()
+    part.record_activation_stage("load.read", 1.0, "m", trace_id=1)
+    part.record_activation_stage("load.read", 3.0, "m", trace_id=1)
+    part.record_activation_stage("load.read", 2.0, "m", trace_id=1)
+    part.record_activation_stage("warmup.compile", 5.0, "m", trace_id=1, cache_hit=False)
+    assert part.last[("load.read", "m")][1] == 3.0
+    part.record_activation_stage("load.read", 0.5, "m", trace_id=2)
+    part.record_activation_stage("warmup.compile", 1.0, "m", trace_id=2, cache_hit=True)
+    part.record_activation_stage("warmup.compile", 1.0, "m", trace_id=2, cache_hit=True)
     observed = {tuple(sorted(o.attributes.items())): o.value
-                for o in metrics._observe_last(None)}
+                for o in part.last_feed(None)}
     assert observed[(("gen_ai.request.model", "m"), ("ttft.stage", "load.read"))] == 0.5
-    (ratio,) = list(metrics._observe_compile(None))
+    (ratio,) = list(part.compile_feed(None))
     assert ratio.value == 1.0
-    metrics._last.clear()
-    metrics._compiles.clear()
+    state.close()
+    assert list(part.last_feed(None)) == [] and list(part.compile_feed(None)) == []
 
 
 def test_stages_that_ended_before_the_model_was_known_carry_it_at_export(monkeypatch):
     from otel_ttft.runtime.context import process as this_process
-    from otel_ttft.runtime.telemetry import metrics
 
-    metrics._last.clear()
+    state, part = _stage_metrics()
     monkeypatch.setattr(this_process, "served_model", None)
-    metrics.record_activation_stage("warmup.process_start", 12.0, None, trace_id=7)
+    part.record_activation_stage("warmup.process_start", 12.0, None, trace_id=7)
     monkeypatch.setattr(this_process, "served_model", "m")
-    metrics.record_activation_stage("warmup.process_start", 3.0, "m", trace_id=7)
-    (obs,) = list(metrics._observe_last(None))
+    part.record_activation_stage("warmup.process_start", 3.0, "m", trace_id=7)
+    (obs,) = list(part.observe_last(None))
     assert obs.attributes == {"ttft.stage": "warmup.process_start",
                               "gen_ai.request.model": "m"}
     assert obs.value == 12.0
-    metrics._last.clear()
+    state.close()

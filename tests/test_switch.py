@@ -19,8 +19,9 @@ import psutil
 import pytest
 
 from otel_ttft import semconv
-from otel_ttft.runtime import clock
-from otel_ttft.runtime.hooks import switch
+from otel_ttft.runtime import clock, config
+from otel_ttft.runtime.hooks import all_parts, switch
+from otel_ttft.runtime.state import PartSpec, ProcessState
 from otel_ttft.tools.replay.server import VllmServer
 from tests.export_env import EXPORT_ENV
 from tests.otel_memory import memory_exporter
@@ -29,12 +30,13 @@ from tests.vllm_args import EAGER_ARGS
 
 @pytest.fixture
 def fresh_switch(monkeypatch):
-    monkeypatch.setattr(switch, "_eviction", None)
+    """A ``switch`` part of its own (the process's state as ``_instrument`` makes it)."""
     monkeypatch.setattr(switch, "EXIT_WAIT_S", 0.1)
     monkeypatch.setattr(switch, "API_EXIT_WAIT_S", 0.2)  # no interpreter exit in a test
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    yield
-    switch.remove_signal_chain()
+    state = ProcessState(config.current, [PartSpec(switch.PART, switch.SwitchState)])
+    yield state.part(switch.PART)
+    state.close()
     for sig, handler in saved.items():
         signal.signal(sig, handler)
 
@@ -48,15 +50,15 @@ def test_chained_handler_opens_the_span_and_still_calls_the_previous_one(fresh_s
         [sys.executable, "-c", "import time; time.sleep(0.6); print(time.monotonic(), flush=True)"],
         stdout=subprocess.PIPE, text=True)
     try:
-        switch.install_signal_chain()
-        switch.install_signal_chain()  # idempotent: one link, not two
+        fresh_switch.install_signal_chain()
+        fresh_switch.install_signal_chain()  # idempotent: one link, not two
         sent = clock.now_ns()
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.05)  # the handler runs in the main thread at the next bytecode
         assert seen == [signal.SIGTERM]  # vLLM's own handling still happened
         os.kill(os.getpid(), signal.SIGTERM)  # a second signal: no second span
         exiting = clock.monotonic_to_epoch_ns(float(child.stdout.readline()))
-        assert switch._eviction.done.wait(5)
+        assert fresh_switch.eviction.done.wait(5)
         child.wait(5)
     finally:
         child.kill()
@@ -79,9 +81,9 @@ def test_uninstrument_hands_the_signal_back(fresh_switch):
         pass
 
     signal.signal(signal.SIGINT, previous)
-    switch.install_signal_chain()
+    fresh_switch.install_signal_chain()
     assert signal.getsignal(signal.SIGINT) is not previous
-    switch.remove_signal_chain()
+    fresh_switch.close()
     assert signal.getsignal(signal.SIGINT) is previous
 
 
@@ -179,7 +181,8 @@ def test_sleep_request_is_one_switch_span_with_engine_sleep_under_it(monkeypatch
     exporter.clear()
     monkeypatch.setattr(os, "getppid", os.getpid)
     hook_set = HookSet([h for h in switch.HOOKS + activation.HOOKS
-                        if h.name in ("switch.api_sleep", "switch.engine_sleep")])
+                        if h.name in ("switch.api_sleep", "switch.engine_sleep")],
+                       ProcessState(config.current, all_parts()))
     hook_set.apply()
     try:
         calls = []
@@ -194,6 +197,7 @@ def test_sleep_request_is_one_switch_span_with_engine_sleep_under_it(monkeypatch
         asyncio.run(AsyncLLM.sleep(llm, 1))
     finally:
         hook_set.remove()
+        hook_set.state.close()
     assert calls == [1]
     spans = exporter.get_finished_spans()
     (evict,) = [s for s in spans if s.name == semconv.SPAN_SWITCH]

@@ -7,6 +7,10 @@ offset measured in each process would tear a trace whose processes started on ei
 step. The first process of a tree measures it and hands it down in ``OTEL_TTFT_CLOCK_OFFSET``
 (with the boot id: the monotonic clock restarts at boot): a replay, the vLLM servers it starts,
 their EngineCore and workers all read one clock.
+
+Importing this module reads the offset (inherited, else measured) and writes nothing: an
+instrumented process hands it down while it is instrumented (the ``clock`` part, ``HandDown``),
+a tool that starts servers puts ``handed_down()`` in their environment.
 """
 
 from __future__ import annotations
@@ -55,18 +59,38 @@ def _inherited_offset_ns(value: str | None, boot_id: str) -> int | None:
 
 
 def _shared_offset_ns() -> int:
-    """The tree's offset: inherited, else measured here and handed down."""
-    boot_id = _boot_id()
-    inherited = _inherited_offset_ns(os.environ.get(OTEL_TTFT_CLOCK_OFFSET), boot_id)
-    if inherited is not None:
-        return inherited
-    offset = _measure_offset_ns()
-    if boot_id:
-        os.environ[OTEL_TTFT_CLOCK_OFFSET] = f"{boot_id}:{offset}"
-    return offset
+    """The tree's offset: inherited, else measured here."""
+    inherited = _inherited_offset_ns(os.environ.get(OTEL_TTFT_CLOCK_OFFSET), _BOOT_ID)
+    return inherited if inherited is not None else _measure_offset_ns()
 
 
+_BOOT_ID = _boot_id()
 EPOCH_OFFSET_NS: int = _shared_offset_ns()
+
+
+def handed_down() -> dict[str, str]:
+    """The environment a child needs to read this process's clock (none off Linux)."""
+    return {OTEL_TTFT_CLOCK_OFFSET: f"{_BOOT_ID}:{EPOCH_OFFSET_NS}"} if _BOOT_ID else {}
+
+
+class HandDown:
+    """The ``clock`` part: while instrumented, this process's offset is in ``os.environ`` for
+    the children vLLM spawns (EngineCore, workers) to inherit. Closing it takes it back out,
+    unless it was there before (handed down to us) or someone changed it since."""
+
+    def __init__(self, process_state: object = None) -> None:
+        self.set_value: str | None = None
+        for name, value in handed_down().items():
+            if os.environ.get(name) != value:
+                os.environ[name] = self.set_value = value
+
+    def close(self) -> None:
+        if self.set_value is not None and os.environ.get(OTEL_TTFT_CLOCK_OFFSET) == self.set_value:
+            del os.environ[OTEL_TTFT_CLOCK_OFFSET]
+        self.set_value = None
+
+
+PART = "clock"
 
 
 def now_ns() -> int:

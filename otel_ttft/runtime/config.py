@@ -101,7 +101,8 @@ def _float(environ: Mapping[str, str], name: str, default: float, *,
 
 
 current = Config()
-"""The config in force; replaced as a whole by ``configure``."""
+"""The config in force; replaced as a whole by ``configure``. Transitional (issue 53): read by
+the modules not yet handed their part's ``config`` (``ProcessState.config``)."""
 
 
 def configure(config: Config) -> None:
@@ -109,29 +110,30 @@ def configure(config: Config) -> None:
     current = config
 
 
-def tracer_provider() -> Any:
+def tracer_provider(cfg: Config | None = None) -> Any:
     """The tracer provider our spans, processors and flushes use: the one given to
-    ``instrument()``, else the global one (a proxy until someone installs one)."""
-    provider = current.tracer_provider
+    ``instrument()`` (``cfg``'s; default: the config in force), else the global one (a proxy
+    until someone installs one)."""
+    provider = (cfg or current).tracer_provider
     return provider if provider is not None else trace.get_tracer_provider()
 
 
-def meter_provider() -> Any:
+def meter_provider(cfg: Config | None = None) -> Any:
     """The meter provider our instruments use: the one given to ``instrument()``, else the
     global one."""
-    provider = current.meter_provider
+    provider = (cfg or current).meter_provider
     return provider if provider is not None else metrics.get_meter_provider()
 
 
-def tracing_ready() -> bool:
+def tracing_ready(cfg: Config | None = None) -> bool:
     """A tracer provider exists: one was given to ``instrument()`` or installed globally
     (opentelemetry-instrument, vLLM); until then our spans would go nowhere."""
-    return (current.tracer_provider is not None
+    return ((cfg or current).tracer_provider is not None
             or not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider))
 
 
-def metrics_ready() -> bool:
+def metrics_ready(cfg: Config | None = None) -> bool:
     """A meter provider exists: given to ``instrument()``, or an SDK one installed globally (the
     API's proxy and no-op providers cannot flush)."""
-    return current.meter_provider is not None or hasattr(metrics.get_meter_provider(),
-                                                         "force_flush")
+    return (cfg or current).meter_provider is not None or hasattr(metrics.get_meter_provider(),
+                                                                  "force_flush")

@@ -27,7 +27,6 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterable
 from typing import Any
 
 from opentelemetry import metrics, trace
@@ -152,8 +151,10 @@ def _describe(span: Any) -> dict:
                            if isinstance(v, (str, bool, int, float))}}
 
 
-# --- one tracker per process ---
+# --- the tracker our configurator puts on the provider it builds ---
 _tracker: InflightTracker | None = None
+"""Lives as long as that provider (not an instrumentation): made once by ``install``. The
+watchers around it are the ``inflight`` part of the process's state (``InflightWatch``)."""
 _install_lock = threading.Lock()
 
 
@@ -162,86 +163,141 @@ def tracker() -> InflightTracker | None:
 
 
 def install() -> InflightTracker:
-    """This process's tracker, made (and what watches it started) once; our configurator adds it
-    to the provider it builds, ahead of any exporting processor."""
+    """This process's tracker, made once; our configurator adds it to the provider it builds,
+    ahead of any exporting processor. What watches it starts with the instrumentation."""
     global _tracker
     with _install_lock:
         if _tracker is not None:
             return _tracker
         _tracker = InflightTracker()
-        spans.set_staged_listener(_tracker.restaged)
         # vLLM opened its process's outer span ("Worker init", "EngineCoreProc init") before
         # plugins load: adopt it, so the open chain reaches the parent process's span.
         current = trace.get_current_span()
         if current.is_recording() and getattr(current, "name", None) in ACTIVATION_SPAN_NAMES:
             _tracker.on_start(current)
     state_files.remove_stale()
-    _register_gauge()
-    _start_snapshots()
-    _install_fatal_signal_handlers()
-    bounded_export.before_flush(_end_open_at_exit)
-    atexit.register(_forget_published)
     return _tracker
 
 
-def _end_open_at_exit() -> None:
-    end_open_spans("process exited before the activation finished", "process_exit")
+class InflightWatch:
+    """The ``inflight`` part: what watches the tracker while we are instrumented. The
+    in-progress gauge, the snapshot thread, the end of open spans before the exit flush and at a
+    fatal signal, and the removal of the published chain at exit. Closing it takes each back:
+    the gauge yields nothing, the thread stops, the handlers we set are put back.
 
+    The fatal-signal handlers are set only where the default action (die silently) is in place:
+    a handler that vLLM or anyone else installed turns the signal into an exception, and the exit
+    path ends our spans; without one, no wrapper of a vLLM function runs before the process dies,
+    so a handler is the only way to end the open spans (and they are taken back exactly)."""
 
-def _forget_published() -> None:
-    if _tracker is not None:
-        _tracker._publish = False
-    with contextlib.suppress(OSError):
-        state_files.open_chain_path(os.getpid()).unlink()
+    def __init__(self, process_state: Any) -> None:
+        self.config: config.Config = process_state.config
+        self.tracker = _tracker  # none: our configurator did not build the provider
+        self.stop = threading.Event()
+        self.snapshots: threading.Thread | None = None
+        self.fatal_handlers: dict[int, Any] = {}  # signal -> the handler (SIG_DFL) we replaced
+        self.gauge: telemetry_metrics.GaugeFeed | None = None
+        if self.tracker is None:
+            return
+        self.gauge = telemetry_metrics.observable_gauge(
+            self.config, semconv.METRIC_ACTIVATION_STAGE_IN_PROGRESS, self.observe, unit="s",
+            description="Seconds this process has been in the activation stage it is in now "
+                        "(reported only while a start-up, wake-up or adapter load is running)")
+        self.snapshots = threading.Thread(target=self._snapshot_loop, name="otel-ttft-snapshot",
+                                          daemon=True)
+        self.snapshots.start()
+        self._install_fatal_signal_handlers()
+        spans.listen_for_stages(self.tracker.restaged)
+        bounded_export.before_exit_flush(self.end_open_at_exit)
+        atexit.register(self.forget_published)
 
+    def close(self) -> None:
+        if self.tracker is None:
+            return
+        atexit.unregister(self.forget_published)
+        bounded_export.forget_before_exit_flush(self.end_open_at_exit)
+        spans.stop_listening_for_stages(self.tracker.restaged)
+        self._restore_fatal_signal_handlers()
+        self.stop.set()
+        if self.snapshots is not None and self.snapshots is not threading.current_thread():
+            self.snapshots.join(5)
+        if self.gauge is not None:
+            telemetry_metrics.stop_feeding(self.gauge, self.observe)
 
-# --- the in-progress gauge ---
-def _observe(_options: Any = None) -> Iterable[metrics.Observation]:
-    span = _tracker.innermost() if _tracker is not None else None
-    if span is None:
-        return []
-    attrs = {semconv.ATTR_STAGE: span_stage(span)}
-    if this_process.served_model:
-        attrs[semconv.GEN_AI_REQUEST_MODEL] = this_process.served_model
-    if this_process.kind:
-        attrs[semconv.ATTR_PROCESS_KIND] = this_process.kind
-    return [metrics.Observation((clock.now_ns() - span.start_time) / 1e9, attrs)]
+    def end_open_at_exit(self) -> None:
+        end_open_spans("process exited before the activation finished", "process_exit")
 
+    def forget_published(self) -> None:
+        self.tracker._publish = False
+        with contextlib.suppress(OSError):
+            state_files.open_chain_path(os.getpid()).unlink()
 
-def _register_gauge() -> None:
-    """On the meter provider in force (``config.meter_provider``)."""
-    telemetry_metrics.meter().create_observable_gauge(
-        semconv.METRIC_ACTIVATION_STAGE_IN_PROGRESS, callbacks=[_observe], unit="s",
-        description="Seconds this process has been in the activation stage it is in now "
-                    "(reported only while a start-up, wake-up or adapter load is running)")
+    # --- the in-progress gauge ---
+    def observe(self, _options: Any = None) -> list[metrics.Observation]:
+        span = self.tracker.innermost()
+        if span is None:
+            return []
+        attrs = {semconv.ATTR_STAGE: span_stage(span)}
+        if this_process.served_model:
+            attrs[semconv.GEN_AI_REQUEST_MODEL] = this_process.served_model
+        if this_process.kind:
+            attrs[semconv.ATTR_PROCESS_KIND] = this_process.kind
+        return [metrics.Observation((clock.now_ns() - span.start_time) / 1e9, attrs)]
 
-
-# --- snapshots on a deadline ---
-def _start_snapshots() -> None:
-    threading.Thread(target=_snapshot_loop, name="otel-ttft-snapshot", daemon=True).start()
-
-
-def _snapshot_loop() -> None:
-    """``OTEL_TTFT_SNAPSHOT_AFTER_S`` is read at every tick: the configurator installs the
-    tracker before the instrumentor reads the settings."""
-    last = 0.0
-    while True:
-        after = config.current.snapshot_after_s
-        time.sleep(min(max(after / 2, 0.2), 5.0) if after > 0 else 5.0)
-        if after <= 0:
-            continue
-        try:
-            span = _tracker.innermost() if _tracker is not None else None
-            if span is None:
+    # --- snapshots on a deadline ---
+    def _snapshot_loop(self) -> None:
+        last = 0.0
+        after = self.config.snapshot_after_s
+        while not self.stop.wait(min(max(after / 2, 0.2), 5.0) if after > 0 else 5.0):
+            if after <= 0:
                 continue
-            now = time.monotonic()
-            held = (clock.now_ns() - span.start_time) / 1e9
-            if held >= after and now - last >= after:
-                last = now
-                if export_snapshot():
-                    spans.flush_async()
-        except Exception:  # noqa: BLE001 - a watcher must never take the process down
-            logger.debug("otel-ttft snapshot failed", exc_info=True)
+            try:
+                span = self.tracker.innermost()
+                if span is None:
+                    continue
+                now = time.monotonic()
+                held = (clock.now_ns() - span.start_time) / 1e9
+                if held >= after and now - last >= after:
+                    last = now
+                    if export_snapshot():
+                        spans.flush_async(self.config)
+            except Exception:  # noqa: BLE001 - a watcher must never take the process down
+                logger.debug("otel-ttft snapshot failed", exc_info=True)
+
+    # --- fatal signals with no handler ---
+    def _install_fatal_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for name in _FATAL:
+            sig = getattr(signal, name, None)
+            if sig is None:
+                continue
+            with contextlib.suppress(ValueError, OSError):
+                if signal.getsignal(sig) is signal.SIG_DFL:
+                    signal.signal(sig, self._on_fatal_signal)
+                    self.fatal_handlers[sig] = signal.SIG_DFL
+
+    def _restore_fatal_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig, previous in list(self.fatal_handlers.items()):
+            with contextlib.suppress(ValueError, OSError):
+                if signal.getsignal(sig) == self._on_fatal_signal:
+                    signal.signal(sig, previous)
+            del self.fatal_handlers[sig]
+
+    def _on_fatal_signal(self, signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        try:
+            end_open_spans(f"process received {name}", name)
+            bounded_export.bounded_exit()
+        finally:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+
+PART = "inflight"
+_FATAL = ("SIGTERM", "SIGHUP")
 
 
 def send(readable: ReadableSpan) -> None:
@@ -305,31 +361,3 @@ def record_failure(context: SpanContext, stage: str | None, span_name: str, reas
         state_files.record_failure(context.trace_id, {
             "stage": stage, "span": span_name, "pid": os.getpid(),
             "process_kind": this_process.kind, "reason": reason[:500]})
-
-
-# --- fatal signals with no handler ---
-_FATAL = ("SIGTERM", "SIGHUP")
-
-
-def _install_fatal_signal_handlers() -> None:
-    """Only where the default action (die silently) is in place: a handler that vLLM or anyone
-    else installed turns the signal into an exception, and the exit path ends our spans."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    for name in _FATAL:
-        sig = getattr(signal, name, None)
-        if sig is None:
-            continue
-        with contextlib.suppress(ValueError, OSError):
-            if signal.getsignal(sig) is signal.SIG_DFL:
-                signal.signal(sig, _on_fatal_signal)
-
-
-def _on_fatal_signal(signum: int, frame: Any) -> None:
-    name = signal.Signals(signum).name
-    try:
-        end_open_spans(f"process received {name}", name)
-        bounded_export.bounded_exit()
-    finally:
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)

@@ -29,9 +29,22 @@ def all_hooks() -> list[Hook]:
 def all_parts() -> list[PartSpec]:
     """Every family's state part, in the order they are made (a part may read the ones made
     before it from the state being built); closed in the reverse order."""
-    from otel_ttft.runtime.hooks import load
+    from otel_ttft.runtime import clock, inflight
+    from otel_ttft.runtime.hooks import activation, fault, first_use, load, switch, warmup
+    from otel_ttft.runtime.telemetry import bounded_export
+    from otel_ttft.runtime.telemetry import metrics as stage_metrics
 
     return [
-        # load path
+        # --- start-up path: exec -> ready, the eviction at a stop signal, what watches it ---
+        PartSpec(clock.PART, clock.HandDown),
+        PartSpec(bounded_export.PART, bounded_export.BoundedExit),
+        PartSpec(stage_metrics.PART, stage_metrics.StageMetrics),
+        PartSpec(inflight.PART, inflight.InflightWatch),
+        PartSpec(activation.PART, activation.ActivationState),
+        PartSpec(warmup.PART, warmup.Warmup),
+        PartSpec(fault.PART, fault.ChildDeaths),
+        PartSpec(first_use.PART, first_use.FirstUse),
+        PartSpec(switch.PART, switch.SwitchState),
+        # --- load path ---
         *load.PARTS,
     ]

@@ -39,16 +39,119 @@ class Activation:
     ready_ns: int | None = None
 
 
-_lock = threading.Lock()
-_root: trace.Span | None = None
-_frontend_span: trace.Span | None = None  # app build -> HTTP server listening
-latest: Activation | None = None
-"""The latest activation of this process (start, wake-up); read once per request (``cold``)."""
-_process_start_done = False
+class ActivationState:
+    """The ``activation`` part: what this process knows of its activations.
+
+    ``root``: the API server's "vllm.activation" span, open from exec until the HTTP server
+    listens; ``frontend_span``: app build -> HTTP server listening, under it; ``latest``: the
+    latest activation (start, wake-up) of this process, read once per request (``cold``);
+    ``process_start_emitted``: the "process start and imports" span is emitted once per process.
+    Closing it ends what is still open (an uninstrumented server has no activation to finish).
+    """
+
+    def __init__(self, process_state: Any) -> None:
+        self.config = process_state.config
+        self.tracer = process_state.tracer
+        self.lock = threading.Lock()
+        self.root: trace.Span | None = None
+        self.frontend_span: trace.Span | None = None
+        self.latest: Activation | None = None
+        self.process_start_emitted = False
+        global _open_state
+        _open_state = self
+
+    def tracing_ready(self) -> bool:
+        return config.tracing_ready(self.config)
+
+    def emit_process_start(self, kind: str, parent: otel_context.Context | None,
+                           end_ns: int | None = None) -> None:
+        """Once per process: exec -> first traced point (interpreter start, imports, arg
+        parsing)."""
+        if self.process_start_emitted or not self.tracing_ready():
+            return
+        start_ns = clock.process_start_ns()
+        if start_ns is None:
+            return
+        self.process_start_emitted = True
+        this_process.kind = kind
+        end = end_ns if end_ns is not None else clock.now_ns()
+        spans.emit_span(semconv.SPAN_PROCESS_START, start_ns, end,
+                        stage=semconv.STAGE_WARMUP_PROCESS_START, context=parent,
+                        attributes={semconv.PROCESS_PID: _pid()}, tracer=self.tracer)
+
+    def ensure_root(self) -> trace.Span | None:
+        """The API process's activation root, opened at first need with its start at exec."""
+        if self.root is not None:
+            return self.root
+        if not self.tracing_ready():
+            return None
+        with self.lock:
+            if self.root is not None:
+                return self.root
+            this_process.kind = API_SERVER
+            start_ns = clock.process_start_ns() or clock.now_ns()
+            root = self.tracer.start_span(semconv.SPAN_ACTIVATION,
+                                          context=handoff.env_parent_context(),
+                                          start_time=start_ns)
+            root.set_attributes({semconv.ATTR_ACTIVATION_KIND: "start",
+                                 semconv.ATTR_PROCESS_KIND: API_SERVER,
+                                 semconv.PROCESS_PID: _pid()})
+            if this_process.served_model:
+                root.set_attribute(semconv.GEN_AI_REQUEST_MODEL, this_process.served_model)
+            self.root = root
+            self.latest = Activation("start", root.get_span_context(), start_ns)
+        self.emit_process_start(API_SERVER, trace.set_span_in_context(root))
+        return self.root
+
+    def end_root(self, error: BaseException | None = None) -> None:
+        """Ready (or failed): close the root once."""
+        root = self.root
+        if root is None or not root.is_recording():
+            return
+        end = clock.now_ns()
+        frontend = self.frontend_span
+        if frontend is not None and frontend.is_recording():
+            if error is not None:
+                frontend.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+            frontend.end(end_time=end)
+        if this_process.served_model:
+            root.set_attribute(semconv.GEN_AI_REQUEST_MODEL, this_process.served_model)
+        root.set_attribute(semconv.ATTR_ACTIVATION_READY, error is None)
+        if error is not None:
+            root.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+            mark_failed_stage(root)
+        elif self.latest is not None:
+            self.latest.ready_ns = end
+            activation_verdict.on_ready(root, self.latest.start_ns, end)  # before it ends
+        root.end(end_time=end)
+
+    def close(self) -> None:
+        """Uninstrumented before ready: the front-end span and the root end now, marked so."""
+        global _open_state
+        end = clock.now_ns()
+        for span in (self.frontend_span, self.root):
+            if span is not None and span.is_recording():
+                span.set_attribute(semconv.ATTR_SPAN_ENDED_BY, UNINSTRUMENTED)
+                span.end(end_time=end)
+        if _open_state is self:
+            _open_state = None
+
+
+UNINSTRUMENTED = "uninstrument"
+
+_open_state: ActivationState | None = None
+"""Transitional (issue 53): the open part, for the readers the merge has not handed it to yet
+(``request.cold`` reads ``latest``, ``plugin`` calls ``on_plugin_loaded``)."""
+
+
+def __getattr__(name: str) -> Any:
+    if name == "latest":  # ``request.cold`` reads ``activation.latest``
+        return _open_state.latest if _open_state is not None else None
+    raise AttributeError(name)
 
 
 def last_activation() -> Activation | None:
-    return latest
+    return _open_state.latest if _open_state is not None else None
 
 
 def _note_model(vllm_config: Any) -> None:
@@ -60,76 +163,10 @@ def _note_model(vllm_config: Any) -> None:
         this_process.served_model = str(name)
 
 
-def emit_process_start(kind: str, parent: otel_context.Context | None, end_ns: int | None = None
-                       ) -> None:
-    """Once per process: exec -> first traced point (interpreter start, imports, arg parsing)."""
-    global _process_start_done
-    if _process_start_done or not config.tracing_ready():
-        return
-    start_ns = clock.process_start_ns()
-    if start_ns is None:
-        return
-    _process_start_done = True
-    this_process.kind = kind
-    end = end_ns if end_ns is not None else clock.now_ns()
-    spans.emit_span(semconv.SPAN_PROCESS_START, start_ns, end,
-                    stage=semconv.STAGE_WARMUP_PROCESS_START, context=parent,
-                    attributes={semconv.PROCESS_PID: _pid()})
-
-
 def _pid() -> int:
     import os
 
     return os.getpid()
-
-
-def ensure_root() -> trace.Span | None:
-    """The API process's activation root, opened at first need with its start at exec time."""
-    global _root, latest
-    if _root is not None:
-        return _root
-    if not config.tracing_ready():
-        return None
-    with _lock:
-        if _root is not None:
-            return _root
-        this_process.kind = API_SERVER
-        start_ns = clock.process_start_ns() or clock.now_ns()
-        root = spans.tracer().start_span(semconv.SPAN_ACTIVATION,
-                                         context=handoff.env_parent_context(), start_time=start_ns)
-        root.set_attributes({semconv.ATTR_ACTIVATION_KIND: "start",
-                             semconv.ATTR_PROCESS_KIND: API_SERVER,
-                             semconv.PROCESS_PID: _pid()})
-        if this_process.served_model:
-            root.set_attribute(semconv.GEN_AI_REQUEST_MODEL, this_process.served_model)
-        _root = root
-        latest = Activation("start", root.get_span_context(), start_ns)
-    emit_process_start(API_SERVER, trace.set_span_in_context(root))
-    return _root
-
-
-def end_root(error: BaseException | None = None) -> None:
-    """Ready (or failed): close the root once."""
-    root = _root
-    if root is None or not root.is_recording():
-        return
-    end = clock.now_ns()
-    frontend = _frontend_span
-    if frontend is not None and frontend.is_recording():
-        if error is not None:
-            frontend.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
-        frontend.end(end_time=end)
-    if this_process.served_model:
-        root.set_attribute(semconv.GEN_AI_REQUEST_MODEL, this_process.served_model)
-    root.set_attribute(semconv.ATTR_ACTIVATION_READY, error is None)
-    if error is not None:
-        root.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
-        mark_failed_stage(root)
-    else:
-        if latest is not None:
-            latest.ready_ns = end
-            activation_verdict.on_ready(root, latest.start_ns, end)  # before the span ends
-    root.end(end_time=end)
 
 
 def mark_failed_stage(root: trace.Span) -> None:
@@ -145,19 +182,19 @@ def mark_failed_stage(root: trace.Span) -> None:
         root.set_attribute(semconv.ATTR_ACTIVATION_FAILED_STAGE, str(stage))
 
 
-def _under_root() -> object | None:
+def _under_root(act: ActivationState) -> object | None:
     """Attach the activation root as parent unless a span is already current; the token or None."""
     if trace.get_current_span().get_span_context().is_valid:
         return None
-    root = ensure_root()
+    root = act.ensure_root()
     if root is None:
         return None
     return otel_context.attach(trace.set_span_in_context(root))
 
 
-def _wrap_api_call(call, instance, args, kwargs):
+def _wrap_api_call(act, call, instance, args, kwargs):
     """setup_server, make_async_mp_client: vLLM's spans under the root."""
-    token = _under_root()
+    token = _under_root(act)
     try:
         return call(*args, **kwargs)
     finally:
@@ -166,18 +203,18 @@ def _wrap_api_call(call, instance, args, kwargs):
 
 
 def _wrap_named_api_call(span_name: str, stage: str):
-    def wrapper(call, instance, args, kwargs):
+    def wrapper(act, call, instance, args, kwargs):
         if args and hasattr(args[0], "model_config"):
             _note_model(args[0])
             activation_verdict.note_config(args[0])
         elif "vllm_config" in kwargs:
             _note_model(kwargs["vllm_config"])
             activation_verdict.note_config(kwargs["vllm_config"])
-        token = _under_root()
+        token = _under_root(act)
         try:
             if token is None and not trace.get_current_span().is_recording():
                 return call(*args, **kwargs)
-            with spans.stage_span(span_name, stage):
+            with spans.stage_span(span_name, stage, tracer=act.tracer):
                 return call(*args, **kwargs)
         finally:
             if token is not None:
@@ -186,33 +223,34 @@ def _wrap_named_api_call(span_name: str, stage: str):
     return wrapper
 
 
-def _wrap_offline_engine(call, instance, args, kwargs):
+_engine_client = _wrap_named_api_call(semconv.SPAN_ENGINE_CLIENT, semconv.STAGE_WARMUP)
+
+
+def _wrap_offline_engine(act, call, instance, args, kwargs):
     """Offline ``LLM(...)``: no HTTP server, so the activation is ready when the engine is."""
-    named = _wrap_named_api_call(semconv.SPAN_ENGINE_CLIENT, semconv.STAGE_WARMUP)
     try:
-        result = named(call, instance, args, kwargs)
+        result = _engine_client(act, call, instance, args, kwargs)
     except BaseException as exc:
-        end_root(exc)
+        act.end_root(exc)
         raise
-    end_root()
+    act.end_root()
     return result
 
 
-async def _wrap_build_and_serve(call, instance, args, kwargs):
+async def _wrap_build_and_serve(act, call, instance, args, kwargs):
     """App build and HTTP start: a span that ends when uvicorn listens, not when it stops."""
-    global _frontend_span
-    root = None if trace.get_current_span().get_span_context().is_valid else ensure_root()
+    root = None if trace.get_current_span().get_span_context().is_valid else act.ensure_root()
     if root is None:
         return await call(*args, **kwargs)
-    _frontend_span = spans.tracer().start_span(
+    act.frontend_span = frontend = act.tracer.start_span(
         semconv.SPAN_FRONTEND_SETUP, context=trace.set_span_in_context(root),
-        start_time=clock.now_ns())
-    spans.tag_span(_frontend_span, semconv.STAGE_WARMUP_FRONTEND, None)
-    token = otel_context.attach(trace.set_span_in_context(_frontend_span))
+        start_time=clock.now_ns(), attributes={semconv.ATTR_STAGE: semconv.STAGE_WARMUP_FRONTEND})
+    spans.tag_span(frontend, semconv.STAGE_WARMUP_FRONTEND, None)
+    token = otel_context.attach(trace.set_span_in_context(frontend))
     try:
         return await call(*args, **kwargs)
     except BaseException as exc:
-        end_root(exc)
+        act.end_root(exc)
         raise
     finally:
         otel_context.detach(token)
@@ -227,52 +265,54 @@ async def _wrap_serve_http(call, instance, args, kwargs):
         otel_context.detach(token)
 
 
-async def _wrap_uvicorn_startup(call, instance, args, kwargs):
+async def _wrap_uvicorn_startup(act, call, instance, args, kwargs):
     """uvicorn's startup returns once its sockets listen: the activation is ready."""
     result = await call(*args, **kwargs)
-    if _root is not None:
-        end_root()
-        spans.flush_async()
+    if act.root is not None:
+        act.end_root()
+        spans.flush_async(act.config)
     return result
 
 
-async def _wrap_run_server_worker(call, instance, args, kwargs):
+async def _wrap_run_server_worker(act, call, instance, args, kwargs):
     try:
         return await call(*args, **kwargs)
     except BaseException as exc:
-        end_root(exc)
+        act.end_root(exc)
         raise
 
 
 def _wrap_child_init(kind: str):
     """EngineCoreProc / WorkerProc __init__: our outer wrapper runs before vLLM's span opens."""
 
-    def wrapper(call, instance, args, kwargs):
+    def wrapper(act, call, instance, args, kwargs):
         _note_model(kwargs.get("vllm_config") or (args[0] if args else None))
         if not trace.get_current_span().get_span_context().is_valid:
-            emit_process_start(kind, handoff.env_parent_context())
+            act.emit_process_start(kind, handoff.env_parent_context())
         this_process.kind = this_process.kind or kind
         return call(*args, **kwargs)
 
     return wrapper
 
 
-def on_plugin_loaded() -> None:
+def on_plugin_loaded(act: ActivationState | None = None) -> None:
     """vLLM's plugin loader runs inside "EngineCoreProc init" / "Worker init" in children: the
-    process-start span then ends where that span began."""
+    process-start span then ends where that span began. (``act``: the open part by default,
+    until ``plugin`` is handed it.)"""
+    act = act if act is not None else _open_state
     current = trace.get_current_span()
     name = getattr(current, "name", None)
     kind = {"EngineCoreProc init": ENGINE_CORE, "Worker init": WORKER}.get(name or "")
-    if kind is None or not current.is_recording():
+    if act is None or kind is None or not current.is_recording():
         return
     pipeline.StageTagger().on_start(current)  # it opened before our tagger was attached
-    emit_process_start(kind, handoff.env_parent_context(),
-                       end_ns=getattr(current, "start_time", None))
+    act.emit_process_start(kind, handoff.env_parent_context(),
+                           end_ns=getattr(current, "start_time", None))
 
 
-def _wrap_busy_loop(call, instance, args, kwargs):
+def _wrap_busy_loop(act, call, instance, args, kwargs):
     """EngineCore is ready once its busy loop starts: export its start-up spans now."""
-    spans.flush_async()
+    spans.flush_async(act.config)
     return call(*args, **kwargs)
 
 
@@ -281,12 +321,11 @@ def _wrap_busy_loop(call, instance, args, kwargs):
 # spans join it through handoff, since vLLM's utility call carries no trace context.
 
 @contextlib.contextmanager
-def _wake_activation(process_kind: str) -> Iterator[trace.Span]:
+def _wake_activation(act: ActivationState, process_kind: str) -> Iterator[trace.Span]:
     """The wake activation's root, current while the wake-up runs; ``latest`` when it ends."""
-    global latest
     start = clock.now_ns()
-    root = spans.tracer().start_span(semconv.SPAN_ACTIVATION, context=otel_context.Context(),
-                                     start_time=start)
+    root = act.tracer.start_span(semconv.SPAN_ACTIVATION, context=otel_context.Context(),
+                                 start_time=start)
     root.set_attributes({semconv.ATTR_ACTIVATION_KIND: "wake",
                          semconv.ATTR_PROCESS_KIND: process_kind})
     token = otel_context.attach(trace.set_span_in_context(root))
@@ -303,29 +342,30 @@ def _wake_activation(process_kind: str) -> Iterator[trace.Span]:
         if error is not None:
             root.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
             mark_failed_stage(root)
-        latest = Activation("wake", root.get_span_context(), start, end)
+        act.latest = Activation("wake", root.get_span_context(), start, end)
         root.end(end_time=end)
 
 
-async def _wrap_api_wake_up(call, instance, args, kwargs):
-    if not config.tracing_ready():
+async def _wrap_api_wake_up(act, call, instance, args, kwargs):
+    if not act.tracing_ready():
         return await call(*args, **kwargs)
-    with _wake_activation(API_SERVER), handoff.offered("wake_up"):
+    with _wake_activation(act, API_SERVER), handoff.offered("wake_up"):
         return await call(*args, **kwargs)
 
 
-def _wrap_engine_wake_up(call, instance, args, kwargs):
+def _wrap_engine_wake_up(act, call, instance, args, kwargs):
     """EngineCore: under the API process's wake activation if it offered one, else a root here."""
-    if not config.tracing_ready():
+    if not act.tracing_ready():
         return call(*args, **kwargs)
     attrs = {semconv.ATTR_WAKE_TAGS: _tags(args, kwargs)}
     parent = handoff.taken("wake_up")
     if parent is not None:
         with spans.stage_span(semconv.SPAN_WAKE_UP, semconv.STAGE_LOAD_H2D, attributes=attrs,
-                              context=parent):
+                              context=parent, tracer=act.tracer):
             return call(*args, **kwargs)
-    with _wake_activation(this_process.kind or ENGINE_CORE), \
-            spans.stage_span(semconv.SPAN_WAKE_UP, semconv.STAGE_LOAD_H2D, attributes=attrs):
+    with _wake_activation(act, this_process.kind or ENGINE_CORE), \
+            spans.stage_span(semconv.SPAN_WAKE_UP, semconv.STAGE_LOAD_H2D, attributes=attrs,
+                             tracer=act.tracer):
         return call(*args, **kwargs)
 
 
@@ -334,12 +374,13 @@ def _tags(args, kwargs) -> list[str]:
     return [str(t) for t in tags] if tags else ["all"]
 
 
-def _wrap_engine_sleep(call, instance, args, kwargs):
+def _wrap_engine_sleep(act, call, instance, args, kwargs):
     """Sleep may finish later (EngineCore drains in-flight requests first): end the span then."""
     level = args[0] if args else kwargs.get("level", 1)
     # Under the API process's vllm.switch when it offered one (hooks/switch.py).
-    span = spans.tracer().start_span(semconv.SPAN_SLEEP, context=handoff.taken("sleep"),
-                                     start_time=clock.now_ns())
+    span = act.tracer.start_span(semconv.SPAN_SLEEP, context=handoff.taken("sleep"),
+                                 start_time=clock.now_ns(),
+                                 attributes={semconv.ATTR_STAGE: semconv.STAGE_SWITCH_SLEEP})
     spans.tag_span(span, semconv.STAGE_SWITCH_SLEEP, {semconv.ATTR_SLEEP_LEVEL: int(level)})
     token = otel_context.attach(trace.set_span_in_context(span))
     try:
@@ -357,52 +398,55 @@ def _wrap_engine_sleep(call, instance, args, kwargs):
     return result
 
 
-def _wrap_worker_wake_up(call, instance, args, kwargs):
+def _wrap_worker_wake_up(act, call, instance, args, kwargs):
     with spans.stage_span(semconv.SPAN_WAKE_UP, semconv.STAGE_LOAD_H2D,
-                          attributes={semconv.ATTR_WAKE_TAGS: _tags(args, kwargs)}):
+                          attributes={semconv.ATTR_WAKE_TAGS: _tags(args, kwargs)},
+                          tracer=act.tracer):
         return call(*args, **kwargs)
 
 
+PART = "activation"
 _ENTRY = "vllm.entrypoints.launchers.api_server.entry"
 _CORE = "vllm.v1.engine.core"
 HOOKS = [
     # entry.py imports setup_server/serve_http by name: patch them where they are used.
     Hook("activation.api_setup", f"{_ENTRY}:setup_server",
-         _wrap_api_call, stage=semconv.STAGE_WARMUP_FRONTEND, process=API_SERVER),
+         _wrap_api_call, stage=semconv.STAGE_WARMUP_FRONTEND, process=API_SERVER, state=PART),
     Hook("activation.engine_config", "vllm.engine.arg_utils:EngineArgs.create_engine_config",
          _wrap_named_api_call(semconv.SPAN_ENGINE_CONFIG, semconv.STAGE_WARMUP_FRONTEND),
-         stage=semconv.STAGE_WARMUP_FRONTEND, process=API_SERVER),
+         stage=semconv.STAGE_WARMUP_FRONTEND, process=API_SERVER, state=PART),
     Hook("activation.engine_client", "vllm.v1.engine.async_llm:AsyncLLM.__init__",
-         _wrap_named_api_call(semconv.SPAN_ENGINE_CLIENT, semconv.STAGE_WARMUP),
-         stage=semconv.STAGE_WARMUP, process=API_SERVER),
+         _engine_client,
+         stage=semconv.STAGE_WARMUP, process=API_SERVER, state=PART),
     Hook("activation.offline_engine", "vllm.v1.engine.llm_engine:LLMEngine.__init__",
-         _wrap_offline_engine, stage=semconv.STAGE_WARMUP, process=API_SERVER),
+         _wrap_offline_engine, stage=semconv.STAGE_WARMUP, process=API_SERVER, state=PART),
     Hook("activation.engine_start",
          "vllm.v1.engine.core_client:EngineCoreClient.make_async_mp_client",
-         _wrap_api_call, stage=semconv.STAGE_WARMUP, process=API_SERVER),
+         _wrap_api_call, stage=semconv.STAGE_WARMUP, process=API_SERVER, state=PART),
     Hook("activation.api_ready", f"{_ENTRY}:build_and_serve", _wrap_build_and_serve,
-         stage=semconv.STAGE_WARMUP_FRONTEND, process=API_SERVER),
+         stage=semconv.STAGE_WARMUP_FRONTEND, process=API_SERVER, state=PART),
     Hook("activation.serve_context", f"{_ENTRY}:serve_http", _wrap_serve_http,
          process=API_SERVER),
     Hook("activation.ready", "uvicorn.server:Server.startup", _wrap_uvicorn_startup,
-         process=API_SERVER),
+         process=API_SERVER, state=PART),
     Hook("activation.failed", f"{_ENTRY}:run_server_worker", _wrap_run_server_worker,
-         process=API_SERVER),
+         process=API_SERVER, state=PART),
     Hook("activation.engine_core_start", f"{_CORE}:EngineCoreProc.__init__",
          _wrap_child_init(ENGINE_CORE), stage=semconv.STAGE_WARMUP_PROCESS_START,
-         process=ENGINE_CORE),
+         process=ENGINE_CORE, state=PART),
     Hook("activation.worker_start", "vllm.v1.executor.multiproc_executor:WorkerProc.__init__",
-         _wrap_child_init(WORKER), stage=semconv.STAGE_WARMUP_PROCESS_START, process=WORKER),
+         _wrap_child_init(WORKER), stage=semconv.STAGE_WARMUP_PROCESS_START, process=WORKER,
+         state=PART),
     Hook("activation.engine_core_ready", f"{_CORE}:EngineCoreProc.run_busy_loop", _wrap_busy_loop,
-         process=ENGINE_CORE),
+         process=ENGINE_CORE, state=PART),
     Hook("switch.engine_sleep", f"{_CORE}:EngineCore.sleep", _wrap_engine_sleep,
-         stage=semconv.STAGE_SWITCH_SLEEP, process=ENGINE_CORE),
+         stage=semconv.STAGE_SWITCH_SLEEP, process=ENGINE_CORE, state=PART),
     Hook("switch.api_wake_up", "vllm.v1.engine.async_llm:AsyncLLM.wake_up", _wrap_api_wake_up,
-         stage=semconv.STAGE_LOAD_H2D, process=API_SERVER),
+         stage=semconv.STAGE_LOAD_H2D, process=API_SERVER, state=PART),
     Hook("switch.engine_wake_up", f"{_CORE}:EngineCore.wake_up", _wrap_engine_wake_up,
-         stage=semconv.STAGE_LOAD_H2D, process=ENGINE_CORE),
+         stage=semconv.STAGE_LOAD_H2D, process=ENGINE_CORE, state=PART),
     Hook("switch.worker_sleep", "vllm.v1.worker.gpu_worker:Worker.sleep", _wrap_engine_sleep,
-         stage=semconv.STAGE_SWITCH_SLEEP, process=WORKER),
+         stage=semconv.STAGE_SWITCH_SLEEP, process=WORKER, state=PART),
     Hook("switch.worker_wake_up", "vllm.v1.worker.gpu_worker:Worker.wake_up", _wrap_worker_wake_up,
-         stage=semconv.STAGE_LOAD_H2D, process=WORKER),
+         stage=semconv.STAGE_LOAD_H2D, process=WORKER, state=PART),
 ]

@@ -26,6 +26,7 @@ from otel_ttft.runtime import activation_history, state_files
 MAX_SPANS = 512  # per activation and process: shard reads of a large checkpoint, merged
 MAX_TRACES = 4  # activations kept per process (a start, a few wake-ups)
 WRITE_EVERY_S = 0.05  # coalescing of the writer thread
+IDLE_S = 0.5  # the writer thread ends after this long with nothing to write
 STALE_S = 24 * 3600
 _FAMILIES = (semconv.STAGE_SWITCH, semconv.STAGE_LOAD, semconv.STAGE_WARMUP)
 _FACT_KEYS = {v: k for k, v in FACT_ATTRIBUTES.items()}
@@ -81,7 +82,7 @@ class StageLedger(SpanProcessor):
                 entry = self._entries[key] = _Entry()
             _add(entry, span.start_time, span.end_time, stage, attrs)
             self._dirty.add(key)
-        self._start_writer()
+            self._start_writer()
         self._wake.set()
 
     def shutdown(self) -> None:
@@ -93,14 +94,21 @@ class StageLedger(SpanProcessor):
             return entry.as_json() if entry is not None else None
 
     def _start_writer(self) -> None:
-        if self._writer is None or not self._writer.is_alive():
+        """Under ``_lock``: a writer is running, or one starts."""
+        if self._writer is None:
             self._writer = threading.Thread(target=self._loop, name="otel-ttft-ledger",
                                             daemon=True)
             self._writer.start()
 
     def _loop(self) -> None:
+        """Writes while there is something to write; ends once idle (no thread lingers after an
+        activation, or after uninstrument), and ``on_end`` starts another when needed."""
         while True:
-            self._wake.wait()
+            if not self._wake.wait(IDLE_S):
+                with self._lock:
+                    if not self._dirty:
+                        self._writer = None
+                        return
             self._wake.clear()
             self._write()
             time.sleep(WRITE_EVERY_S)
@@ -144,7 +152,10 @@ def _add(entry: _Entry, start: int, end: int, stage: str, attrs: Any) -> None:
                                         *(v for v in value if isinstance(v, (int, float)))})
 
 
-_ledgers: list[StageLedger] = []  # this process's, once made
+_ledgers: list[StageLedger] = []
+"""This process's ledger, once our configurator made it: a processor of the provider it built,
+living as long as that provider (not an instrumentation); ``gather`` reads its entries in memory.
+(Issue 53, at merge: the configurator keeps it on its ``Pipeline`` and ``gather`` is handed it.)"""
 
 
 def install() -> StageLedger | None:

@@ -48,10 +48,22 @@ def _describe_exit(code: int) -> tuple[str | None, str]:
     return None, f"exited with code {code}"
 
 
-def end_dead_child_spans(chain: list[dict], reason: str) -> int:
+class ChildDeaths:
+    """The ``fault`` part: the instrumented config, whose tracer provider's resource a dead
+    child's spans carry. It holds nothing else: what a child published lives in its files."""
+
+    def __init__(self, process_state: Any) -> None:
+        self.config: config.Config = process_state.config
+
+
+PART = "fault"
+
+
+def end_dead_child_spans(chain: list[dict], reason: str, cfg: config.Config | None = None
+                         ) -> int:
     """A killed child's open spans (from its published chain), ended now with an error."""
     now = clock.now_ns()
-    resource = getattr(config.tracer_provider(), "resource", None)
+    resource = getattr(config.tracer_provider(cfg), "resource", None)
     sent = 0
     for item in reversed(chain):
         try:
@@ -76,7 +88,7 @@ def end_dead_child_spans(chain: list[dict], reason: str) -> int:
     return sent
 
 
-def report_dead_children(procs: list[Any], kind: str) -> int:
+def report_dead_children(procs: list[Any], kind: str, cfg: config.Config | None = None) -> int:
     """Report every process in ``procs`` that has died (nonzero exit) on the current span."""
     deadline = time.monotonic() + _GRACE_S
     span = trace.get_current_span()
@@ -101,7 +113,7 @@ def report_dead_children(procs: list[Any], kind: str) -> int:
         where = f" in {innermost['stage']} ({innermost['name']})" if innermost else ""
         reason = f"{kind} pid {proc.pid} {how}{where}"
         if chain:
-            end_dead_child_spans(chain, reason)
+            end_dead_child_spans(chain, reason, cfg)
         if innermost is not None:
             ctx = trace.SpanContext(int(innermost["trace_id"], 16),
                                     int(innermost["span_id"], 16), is_remote=True)
@@ -115,29 +127,31 @@ def report_dead_children(procs: list[Any], kind: str) -> int:
     return reported
 
 
-def _wrap_wait_for_workers(call, instance, args, kwargs):
+def _wrap_wait_for_workers(deaths: ChildDeaths, call, instance, args, kwargs):
     handles = args[0] if args else kwargs.get("unready_proc_handles", [])
     try:
         return call(*args, **kwargs)
     except BaseException:
         report_dead_children([getattr(h, "proc", None) for h in handles
-                              if getattr(h, "proc", None) is not None], semconv.PROCESS_WORKER)
+                              if getattr(h, "proc", None) is not None], semconv.PROCESS_WORKER,
+                             deaths.config)
         raise
 
 
-def _wrap_wait_for_engine(call, instance, args, kwargs):
+def _wrap_wait_for_engine(deaths: ChildDeaths, call, instance, args, kwargs):
     launch = args[5] if len(args) > 5 else kwargs.get("launch")
     try:
         return call(*args, **kwargs)
     except BaseException:
         manager = getattr(launch, "engine_manager", None)
-        report_dead_children(list(getattr(manager, "processes", None) or []), ENGINE_CORE)
+        report_dead_children(list(getattr(manager, "processes", None) or []), ENGINE_CORE,
+                             deaths.config)
         raise
 
 
 HOOKS = [
     Hook("fault.worker_died", "vllm.v1.executor.multiproc_executor:WorkerProc.wait_for_ready",
-         _wrap_wait_for_workers, stage=semconv.STAGE_WARMUP, process=ENGINE_CORE),
+         _wrap_wait_for_workers, stage=semconv.STAGE_WARMUP, process=ENGINE_CORE, state=PART),
     Hook("fault.engine_core_died", "vllm.v1.engine.utils:wait_for_engine_startup",
-         _wrap_wait_for_engine, stage=semconv.STAGE_WARMUP, process=API_SERVER),
+         _wrap_wait_for_engine, stage=semconv.STAGE_WARMUP, process=API_SERVER, state=PART),
 ]

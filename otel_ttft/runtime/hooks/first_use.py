@@ -31,46 +31,72 @@ from otel_ttft.runtime.hooks.registry import Hook
 
 API_SERVER = semconv.PROCESS_API_SERVER
 Fill = tuple[float, float, str]  # monotonic start, end, which cache
-_fills: deque[Fill] = deque(maxlen=256)  # appends are atomic: no lock across threads
+IMPORTS = "lazy module imports"
+
+
+class FirstUse:
+    """The ``first_use`` part: the fills seen so far (``fills``: a bounded ring, appended from
+    any thread; appends are atomic, no lock) and each thread's depth of nested module loads."""
+
+    def __init__(self, process_state: Any = None) -> None:
+        global _open_state
+        self.fills: deque[Fill] = deque(maxlen=256)
+        self.nesting = threading.local()
+        _open_state = self
+
+    def close(self) -> None:
+        global _open_state
+        if _open_state is self:
+            _open_state = None
+
+    def within(self, start: float, end: float) -> list[Fill]:
+        """The fills that began inside ``[start, end]``, in time order. Fills are kept in the
+        order they ended, so when the newest ended before ``start`` there is none: the common
+        case, one comparison per request."""
+        fills = self.fills
+        if not fills or fills[-1][1] < start:
+            return []
+        return sorted(f for f in list(fills) if start <= f[0] <= end)
+
+
+PART = "first_use"
+
+_open_state: FirstUse | None = None
+"""Transitional (issue 53): the open part, for ``request.spans`` (``within``) until the merge
+hands it the part."""
+
+
+def within(start: float, end: float) -> list[Fill]:
+    """Transitional: ``FirstUse.within`` of the open part (none: no fills)."""
+    part = _open_state
+    return part.within(start, end) if part is not None else []
 
 
 def _filler(label: str) -> Callable[..., Any]:
-    def wrapper(call: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    def wrapper(part: FirstUse, call: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         start = time.monotonic()
         try:
             return call(*args, **kwargs)
         finally:
-            _fills.append((start, time.monotonic(), label))
+            part.fills.append((start, time.monotonic(), label))
     return wrapper
 
 
-IMPORTS = "lazy module imports"
-_nesting = threading.local()
-
-
-def wrap_module_load(call: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def wrap_module_load(part: FirstUse, call: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """A module loaded for the first time: in the API process, the outermost load of a nest is a
     fill (the modules it imports are part of it)."""
     if this_process.kind != API_SERVER:
         return call(*args, **kwargs)
-    depth = getattr(_nesting, "depth", 0)
-    _nesting.depth = depth + 1
+    nesting = part.nesting
+    depth = getattr(nesting, "depth", 0)
+    nesting.depth = depth + 1
     start = time.monotonic()
     try:
         return call(*args, **kwargs)
     finally:
-        _nesting.depth = depth
+        nesting.depth = depth
         if depth == 0:
-            _fills.append((start, time.monotonic(), IMPORTS))
-
-
-def within(start: float, end: float) -> list[Fill]:
-    """The fills that began inside ``[start, end]``, in time order. Fills are kept in the order
-    they ended, so when the newest ended before ``start`` there is none: the common case, one
-    comparison per request."""
-    if not _fills or _fills[-1][1] < start:
-        return []
-    return sorted(f for f in list(_fills) if start <= f[0] <= end)
+            part.fills.append((start, time.monotonic(), IMPORTS))
 
 
 # (hook name, target, what the cache holds): what runs when a first request's cache misses, in
@@ -84,6 +110,8 @@ _CACHES = (
      "chat template compile"),
 )
 HOOKS = [*(Hook(name, target, _filler(label), stage=semconv.STAGE_WARMUP_FIRST_USE,
-                process=API_SERVER, optional=True) for name, target, label in _CACHES),
+                process=API_SERVER, optional=True, state=PART)
+           for name, target, label in _CACHES),
          Hook("request.first_use.imports", "importlib._bootstrap:_load_unlocked",
-              wrap_module_load, stage=semconv.STAGE_WARMUP_FIRST_USE, process=API_SERVER)]
+              wrap_module_load, stage=semconv.STAGE_WARMUP_FIRST_USE, process=API_SERVER,
+              state=PART)]

@@ -10,6 +10,15 @@ EngineCore's "Sleep" [switch.sleep] nests under it.
 
 We chain to vLLM's signal handling, never replace it: once uvicorn listens (vLLM has installed its
 loop handlers by then), our Python-level handler notes the time and calls the one it found.
+
+Why a signal handler and not a wrapper through the registry (issue 53 wants one way in): vLLM
+handles the stop signal in ``launcher.serve_http`` with a closure registered through
+``loop.add_signal_handler``, which no wrapper can reach; the first vLLM function it leads to that
+the registry can wrap (``AsyncLLM.shutdown``, from ``handle_shutdown``) runs a loop turn later,
+from an executor thread, and knows neither the signal nor that one arrived (it also runs on
+errors and at interpreter exit). The signal's arrival, and which signal, are only seen here. The
+handler is the ``switch`` part's: closing it puts back, exactly, the handler it found (if ours is
+still the one installed; a later handler that chained to ours keeps calling through it).
 """
 
 from __future__ import annotations
@@ -41,17 +50,12 @@ EXIT_WAIT_S = 10.0  # at interpreter exit, how long the span may still wait for 
 API_EXIT_WAIT_S = 30.0  # engine gone: how long to wait for this process to reach its exit
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-_lock = threading.Lock()
-_previous: dict[int, Any] = {}  # signal -> the handler we chained to
-_eviction: _Eviction | None = None
-
-
 class _Eviction:
     """One ``vllm.switch`` span: the engine processes' exit, then this process reaching its own
     exit (atexit), which is as late as the process can still see and export."""
 
-    def __init__(self, span: trace.Span, procs: list[Any]):
-        self.span, self.procs = span, procs
+    def __init__(self, span: trace.Span, procs: list[Any], cfg: config.Config):
+        self.span, self.procs, self.config = span, procs, cfg
         self.done = threading.Event()
         self.exiting = threading.Event()
         self.exit_ns: int | None = None
@@ -78,10 +82,10 @@ class _Eviction:
             self.span.set_attribute(semconv.ATTR_SWITCH_PROCESSES_LEFT, left)
             self.span.end(end_time=end_ns or clock.now_ns())
             self.done.set()
-        flush = getattr(config.tracer_provider(), "force_flush", None)
+        flush = getattr(config.tracer_provider(self.config), "force_flush", None)
         if flush is not None:
             # The process is about to exit: the same deadline as every exit flush (issue 11).
-            flush(int(config.current.exit_timeout_s * 1000))
+            flush(int(self.config.exit_timeout_s * 1000))
 
     def at_exit(self) -> None:
         """The interpreter is exiting: the span ends now (children permitting), exported."""
@@ -130,93 +134,135 @@ def _resident_bytes(procs: list[Any]) -> int:
     return total
 
 
-def start_eviction(signame: str) -> _Eviction | None:
-    """The stop signal arrived: open the span and wait for the engine in a thread (once)."""
-    global _eviction
-    with _lock:
-        if _eviction is not None or not config.tracing_ready():
+class SwitchState:
+    """The ``switch`` part: the handlers we chained in front of (``previous``: signal -> the
+    handler found there) and this process's eviction, once a stop signal started it. Closing it
+    hands each signal back to the handler we found and takes back the eviction's exit handler."""
+
+    def __init__(self, process_state: Any) -> None:
+        self.config: config.Config = process_state.config
+        self.tracer: trace.Tracer = process_state.tracer
+        self.lock = threading.Lock()
+        self.previous: dict[int, Any] = {}
+        self.eviction: _Eviction | None = None
+        global _open_state
+        _open_state = self
+
+    def start_eviction(self, signame: str) -> _Eviction | None:
+        """The stop signal arrived: open the span and wait for the engine in a thread (once)."""
+        with self.lock:
+            if self.eviction is not None or not config.tracing_ready(self.config):
+                return None
+            start = clock.now_ns()
+            procs = engine_processes()
+            span = self.tracer.start_span(semconv.SPAN_SWITCH, context=otel_context.Context(),
+                                          start_time=start,
+                                          attributes={semconv.ATTR_STAGE: semconv.STAGE_SWITCH})
+            spans.tag_span(span, semconv.STAGE_SWITCH, {
+                semconv.ATTR_SWITCH_REASON: semconv.SWITCH_REASON_SIGNAL,
+                semconv.ATTR_SWITCH_SIGNAL: signame,
+                semconv.GEN_AI_REQUEST_MODEL: this_process.served_model,
+                semconv.ATTR_SWITCH_PROCESSES: len(procs),
+                semconv.ATTR_SWITCH_RELEASED_BYTES: _resident_bytes(procs),
+                semconv.PROCESS_PID: os.getpid(),
+            })
+            self.eviction = eviction = _Eviction(span, procs, self.config)
+        threading.Thread(target=eviction.wait_and_end, name="otel-ttft-switch",
+                         daemon=True).start()
+        atexit.register(eviction.at_exit)  # runs before the SDK's own atexit shutdown (LIFO)
+        return eviction
+
+    def _chained(self, previous: Any):
+        def handler(signum, frame):
+            try:
+                self.start_eviction(signal.Signals(signum).name)
+            except Exception as exc:  # noqa: BLE001 - ours must never stop vLLM's shutdown
+                logger.warning("otel-ttft: switch span not started: %r", exc)
+            if callable(previous):
+                return previous(signum, frame)
+            if previous == signal.SIG_DFL:  # nobody handled it: do what the default would
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
             return None
-        start = clock.now_ns()
-        procs = engine_processes()
-        span = spans.tracer().start_span(semconv.SPAN_SWITCH, context=otel_context.Context(),
-                                         start_time=start)
-        spans.tag_span(span, semconv.STAGE_SWITCH, {
-            semconv.ATTR_SWITCH_REASON: semconv.SWITCH_REASON_SIGNAL,
-            semconv.ATTR_SWITCH_SIGNAL: signame,
-            semconv.GEN_AI_REQUEST_MODEL: this_process.served_model,
-            semconv.ATTR_SWITCH_PROCESSES: len(procs),
-            semconv.ATTR_SWITCH_RELEASED_BYTES: _resident_bytes(procs),
-            semconv.PROCESS_PID: os.getpid(),
-        })
-        _eviction = eviction = _Eviction(span, procs)
-    threading.Thread(target=eviction.wait_and_end, name="otel-ttft-switch", daemon=True).start()
-    atexit.register(eviction.at_exit)  # runs before the SDK's own atexit shutdown (LIFO)
-    return eviction
+
+        handler.otel_ttft_previous = previous  # type: ignore[attr-defined]
+        return handler
+
+    def install_signal_chain(self) -> None:
+        """Put our handler in front of whatever handles SIGTERM/SIGINT now (main thread only)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in _SIGNALS:
+            current = signal.getsignal(sig)
+            if getattr(current, "otel_ttft_previous", None) is not None or current is None:
+                continue  # already chained, or installed from C (cannot be called from Python)
+            self.previous[sig] = current
+            signal.signal(sig, self._chained(current))
+
+    def remove_signal_chain(self) -> None:
+        """Hand each signal back to the handler we found, if ours is still there (main thread
+        only: elsewhere ``signal.signal`` raises, and the chain stays, calling through)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig, previous in list(self.previous.items()):
+            if getattr(signal.getsignal(sig), "otel_ttft_previous", None) is previous:
+                signal.signal(sig, previous)
+            del self.previous[sig]
+
+    def close(self) -> None:
+        """The signals back to the handlers we found; an eviction still waiting ends now (its
+        thread wakes and finds it ended) and its exit handler is taken back."""
+        global _open_state
+        self.remove_signal_chain()
+        eviction = self.eviction
+        if eviction is not None:
+            atexit.unregister(eviction.at_exit)
+            if not eviction.done.is_set():
+                eviction.span.set_attribute(semconv.ATTR_SPAN_ENDED_BY, "uninstrument")
+                eviction.end(len(_alive(eviction.procs)))
+            eviction.exiting.set()
+        if _open_state is self:
+            _open_state = None
 
 
-def _chained(sig: int, previous: Any):
-    def handler(signum, frame):
-        try:
-            start_eviction(signal.Signals(signum).name)
-        except Exception as exc:  # noqa: BLE001 - ours must never stop vLLM's shutdown
-            logger.warning("otel-ttft: switch span not started: %r", exc)
-        if callable(previous):
-            return previous(signum, frame)
-        if previous == signal.SIG_DFL:  # nobody handled it: do what the default would
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-        return None
+PART = "switch"
 
-    handler.otel_ttft_previous = previous  # type: ignore[attr-defined]
-    return handler
-
-
-def install_signal_chain() -> None:
-    """Put our handler in front of whatever handles SIGTERM/SIGINT now (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    for sig in _SIGNALS:
-        current = signal.getsignal(sig)
-        if getattr(current, "otel_ttft_previous", None) is not None or current is None:
-            continue  # already chained, or installed from C (cannot be called from Python)
-        _previous[sig] = current
-        signal.signal(sig, _chained(sig, current))
+_open_state: SwitchState | None = None
+"""Transitional (issue 53): the open part, for ``instrumentor._uninstrument``'s
+``remove_signal_chain()`` until it only closes the state."""
 
 
 def remove_signal_chain() -> None:
-    """Uninstrument: hand each signal back to the handler we found, if ours is still there."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    for sig, previous in list(_previous.items()):
-        if getattr(signal.getsignal(sig), "otel_ttft_previous", None) is previous:
-            signal.signal(sig, previous)
-        del _previous[sig]
+    """Transitional: closing the ``switch`` part hands the signals back (this is the same)."""
+    if _open_state is not None:
+        _open_state.remove_signal_chain()
 
 
-async def _wrap_uvicorn_startup(call, instance, args, kwargs):
+async def _wrap_uvicorn_startup(switch, call, instance, args, kwargs):
     """uvicorn listens: vLLM's loop handlers are in place, chain ours in front of them."""
     result = await call(*args, **kwargs)
-    if config.tracing_ready():
-        install_signal_chain()
+    if config.tracing_ready(switch.config):
+        switch.install_signal_chain()
     return result
 
 
-async def _wrap_api_sleep(call, instance, args, kwargs):
+async def _wrap_api_sleep(switch, call, instance, args, kwargs):
     """``/sleep``: the API side of the eviction; EngineCore's "Sleep" joins it through handoff."""
-    if not config.tracing_ready():
+    if not config.tracing_ready(switch.config):
         return await call(*args, **kwargs)
     level = args[0] if args else kwargs.get("level", 1)
     attrs = {semconv.ATTR_SWITCH_REASON: semconv.SWITCH_REASON_SLEEP,
              semconv.ATTR_SLEEP_LEVEL: int(level),
              semconv.GEN_AI_REQUEST_MODEL: this_process.served_model}
     with spans.stage_span(semconv.SPAN_SWITCH, semconv.STAGE_SWITCH, attributes=attrs,
-                          context=otel_context.Context()), handoff.offered("sleep"):
+                          context=otel_context.Context(), tracer=switch.tracer), \
+            handoff.offered("sleep"):
         return await call(*args, **kwargs)
 
 
 HOOKS = [
     Hook("switch.on_signal", "uvicorn.server:Server.startup", _wrap_uvicorn_startup,
-         stage=semconv.STAGE_SWITCH, process=API_SERVER),
+         stage=semconv.STAGE_SWITCH, process=API_SERVER, state=PART),
     Hook("switch.api_sleep", "vllm.v1.engine.async_llm:AsyncLLM.sleep", _wrap_api_sleep,
-         stage=semconv.STAGE_SWITCH, process=API_SERVER),
+         stage=semconv.STAGE_SWITCH, process=API_SERVER, state=PART),
 ]

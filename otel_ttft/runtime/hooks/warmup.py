@@ -20,10 +20,10 @@ from otel_ttft.runtime.telemetry import spans
 from otel_ttft.semconv import PROCESS_WORKER as WORKER
 
 
-def _wrap_device_init(call, instance, args, kwargs):
+def _wrap_device_init(warmup, call, instance, args, kwargs):
     attrs = {semconv.ATTR_DEVICE_TYPE: "cpu", semconv.ATTR_DEVICE_NAME: _cpu_model()}
     with spans.stage_span(semconv.SPAN_DEVICE_INIT, semconv.STAGE_WARMUP_DEVICE_INIT,
-                          enrich="Init device", attributes=attrs):
+                          enrich="Init device", attributes=attrs, tracer=warmup.tracer):
         return call(*args, **kwargs)
 
 
@@ -40,11 +40,11 @@ def _cpu_model() -> str | None:
     return platform.processor() or None
 
 
-def _wrap_profile_run(call, instance, args, kwargs):
+def _wrap_profile_run(warmup, call, instance, args, kwargs):
     attrs = {**_memory_attributes(),
              **runners.runner_attributes(getattr(instance, "model_runner", None))}
     with spans.stage_span(semconv.SPAN_PROFILE_RUN, semconv.STAGE_WARMUP_PROFILE,
-                          attributes=attrs) as span:
+                          attributes=attrs, tracer=warmup.tracer) as span:
         available = call(*args, **kwargs)
         if isinstance(available, int):
             span.set_attribute(semconv.ATTR_PROFILE_AVAILABLE_KV_BYTES, available)
@@ -95,7 +95,7 @@ def _compile_attributes(vllm_config: Any) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _traced_compile(inner_cm, vllm_config: Any, aot_probe: bool):
+def _traced_compile(warmup, inner_cm, vllm_config: Any, aot_probe: bool):
     """vLLM's own ``monitor_torch_compile`` inside our span. vLLM enters this outside any
     guard of ours, so a failure of ours (opening the span, reading the counters) is reported
     and the compile runs as it would have; vLLM's own errors pass through as they are."""
@@ -106,7 +106,7 @@ def _traced_compile(inner_cm, vllm_config: Any, aot_probe: bool):
             before = counter.clone()
             span = ours.enter_context(spans.stage_span(
                 semconv.SPAN_TORCH_COMPILE, semconv.STAGE_WARMUP_COMPILE,
-                attributes=_compile_attributes(vllm_config)))
+                attributes=_compile_attributes(vllm_config), tracer=warmup.tracer))
         except Exception as exc:  # noqa: BLE001 - ours must not fail the compile
             report_failure(COMPILE, exc)
         try:
@@ -132,10 +132,19 @@ def _compile_outcome(counter: Any, before: Any, aot_probe: bool) -> dict[str, An
     }
 
 
-_probed_tags: set[str] = set()
+class Warmup:
+    """The ``warmup`` part: the tracer its spans go to, and the compiled modules whose AOT-cache
+    load attempt was a stage already (``probed_tags``)."""
+
+    def __init__(self, process_state: Any) -> None:
+        self.tracer = process_state.tracer
+        self.probed_tags: set[str] = set()
 
 
-def _wrap_monitor_torch_compile(call, instance, args, kwargs):
+PART = "warmup"
+
+
+def _wrap_monitor_torch_compile(warmup: Warmup, call, instance, args, kwargs):
     """``monitor_torch_compile`` brackets every compile and every AOT-cache load attempt.
 
     Only the first load attempt per compiled module is a stage: when warm-up was skipped
@@ -155,11 +164,11 @@ def _wrap_monitor_torch_compile(call, instance, args, kwargs):
         return inner if aot_probe else request_worker.model_compile(inner)
     if aot_probe:
         tag = str(kwargs.get("tag", ""))
-        if tag in _probed_tags:
+        if tag in warmup.probed_tags:
             return inner
-        _probed_tags.add(tag)
+        warmup.probed_tags.add(tag)
     vllm_config = args[0] if args else kwargs.get("vllm_config")
-    return _traced_compile(inner, vllm_config, aot_probe=aot_probe)
+    return _traced_compile(warmup, inner, vllm_config, aot_probe=aot_probe)
 
 
 def _kv_cache_attributes(kv_cache_config: Any) -> dict[str, Any]:
@@ -175,7 +184,7 @@ def _kv_cache_attributes(kv_cache_config: Any) -> dict[str, Any]:
     }
 
 
-def _wrap_initialize_kv_cache(call, instance, args, kwargs):
+def _wrap_initialize_kv_cache(warmup, call, instance, args, kwargs):
     """V1's and V2's ``initialize_kv_cache`` (one signature) run inside vLLM's "Allocate KV
     cache" (the worker opens it): our numbers on it, or our span of that name where it is not
     open. Profiling's minimal KV cache (``is_profiling``) is not the stage."""
@@ -185,7 +194,8 @@ def _wrap_initialize_kv_cache(call, instance, args, kwargs):
     with spans.stage_span(semconv.SPAN_KV_ALLOC, semconv.STAGE_WARMUP_KV_ALLOC,
                           enrich="Allocate KV cache",
                           attributes={**_kv_cache_attributes(kv_cache_config),
-                                      **runners.runner_attributes(instance)}):
+                                      **runners.runner_attributes(instance)},
+                          tracer=warmup.tracer):
         return call(*args, **kwargs)
 
 
@@ -228,20 +238,24 @@ def _wrap_capture_cudagraphs(call, instance, args, kwargs):
 
 DEVICE_INIT_CPU = Hook("warmup.device_init_cpu", "vllm.v1.worker.cpu_worker:CPUWorker.init_device",
                        _wrap_device_init, stage=semconv.STAGE_WARMUP_DEVICE_INIT,
-                       process=WORKER, optional=True)
+                       process=WORKER, optional=True, state=PART)
 PROFILE_GPU = Hook(runners.PROFILE_GPU,
                    "vllm.v1.worker.gpu_worker:Worker.determine_available_memory",
-                   _wrap_profile_run, stage=semconv.STAGE_WARMUP_PROFILE, process=WORKER)
+                   _wrap_profile_run, stage=semconv.STAGE_WARMUP_PROFILE, process=WORKER,
+                   state=PART)
 PROFILE_CPU = Hook(runners.PROFILE_CPU,
                    "vllm.v1.worker.cpu_worker:CPUWorker.determine_available_memory",
                    _wrap_profile_run, stage=semconv.STAGE_WARMUP_PROFILE, process=WORKER,
-                   optional=True)
+                   optional=True, state=PART)
 COMPILE = Hook("warmup.compile", "vllm.compilation.decorators:monitor_torch_compile",
-               _wrap_monitor_torch_compile, stage=semconv.STAGE_WARMUP_COMPILE, process=WORKER)
+               _wrap_monitor_torch_compile, stage=semconv.STAGE_WARMUP_COMPILE, process=WORKER,
+               state=PART)
 KV_ALLOC = Hook(runners.KV_V1, f"{runners.V1}.initialize_kv_cache",
-                _wrap_initialize_kv_cache, stage=semconv.STAGE_WARMUP_KV_ALLOC, process=WORKER)
+                _wrap_initialize_kv_cache, stage=semconv.STAGE_WARMUP_KV_ALLOC, process=WORKER,
+                state=PART)
 KV_ALLOC_V2 = Hook(runners.KV_V2, f"{runners.V2}.initialize_kv_cache",
-                   _wrap_initialize_kv_cache, stage=semconv.STAGE_WARMUP_KV_ALLOC, process=WORKER)
+                   _wrap_initialize_kv_cache, stage=semconv.STAGE_WARMUP_KV_ALLOC, process=WORKER,
+                state=PART)
 GRAPH_CAPTURE = Hook(runners.GRAPHS_V1, f"{runners.V1}._capture_cudagraphs",
                      _wrap_capture_cudagraphs, stage=semconv.STAGE_WARMUP_GRAPH_CAPTURE,
                      process=WORKER)

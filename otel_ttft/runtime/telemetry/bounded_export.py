@@ -40,41 +40,42 @@ logger = logging.getLogger("otel_ttft")
 
 
 # --- what got lost ---
-_lock = threading.Lock()
-_dropped: dict[tuple[str, str], int] = {}  # (signal, reason) -> items this process lost
-_drop_counter: list[Any] = []  # the instrument, made once
+class Drops:
+    """What one pipeline could not send: (signal, reason) -> items, counted in
+    ``ttft.telemetry.dropped`` on the pipeline's meter provider; the first loss is logged."""
 
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.counts: dict[tuple[str, str], int] = {}
+        self.counter: Any = None  # the instrument, made when the pipeline is adopted
 
-def _counter() -> Any:
-    if not _drop_counter:
-        _drop_counter.append(metrics.meter().create_counter(
-            semconv.METRIC_TELEMETRY_DROPPED, unit="{item}",
-            description="Spans and metric points this process could not send (collector down, "
-                        "slow, or the exit deadline passed)"))
-    return _drop_counter[0]
+    def make_counter(self, meter_provider: Any) -> None:
+        if self.counter is None and meter_provider is not None:
+            self.counter = metrics.meter(provider=meter_provider).create_counter(
+                semconv.METRIC_TELEMETRY_DROPPED, unit="{item}",
+                description="Spans and metric points this process could not send (collector "
+                            "down, slow, or the exit deadline passed)")
 
+    def count(self, signal: str, reason: str, n: int, detail: str = "") -> None:
+        """``n`` items lost; the first loss of the pipeline is logged."""
+        if n <= 0:
+            return
+        with self.lock:
+            first = not self.counts
+            self.counts[(signal, reason)] = self.counts.get((signal, reason), 0) + n
+        if self.counter is not None:
+            with contextlib.suppress(Exception):
+                self.counter.add(n, {semconv.ATTR_TELEMETRY_SIGNAL: signal,
+                                     semconv.ATTR_TELEMETRY_DROP_REASON: reason})
+        if first:
+            logger.warning("otel-ttft: telemetry is not reaching the collector (%s: %s%s); it "
+                           "is dropped and counted in %s, and this is logged once per process",
+                           signal, reason, f", {detail}" if detail else "",
+                           semconv.METRIC_TELEMETRY_DROPPED)
 
-def count_dropped(signal: str, reason: str, n: int, detail: str = "") -> None:
-    """``n`` items lost; the first loss of the process is logged."""
-    if n <= 0:
-        return
-    with _lock:
-        first = not _dropped
-        _dropped[(signal, reason)] = _dropped.get((signal, reason), 0) + n
-    with contextlib.suppress(Exception):
-        _counter().add(n, {semconv.ATTR_TELEMETRY_SIGNAL: signal,
-                           semconv.ATTR_TELEMETRY_DROP_REASON: reason})
-    if first:
-        logger.warning("otel-ttft: telemetry is not reaching the collector (%s: %s%s); it is "
-                       "dropped and counted in %s, and this is logged once per process",
-                       signal, reason, f", {detail}" if detail else "",
-                       semconv.METRIC_TELEMETRY_DROPPED)
-
-
-def dropped() -> dict[tuple[str, str], int]:
-    """(signal, reason) -> count, for this process so far."""
-    with _lock:
-        return dict(_dropped)
+    def snapshot(self) -> dict[tuple[str, str], int]:
+        with self.lock:
+            return dict(self.counts)
 
 
 # --- counting on the way in and out ---
@@ -101,6 +102,7 @@ class CountingSpanExporter(SpanExporter):
         self.seen = 0  # spans handed to it (sent or failed)
         self.failed = 0
         self.closed = False  # past the exit deadline: counted there, fail fast
+        self.drops = Drops()  # the pipeline's, once adopted
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if self.closed:
@@ -118,7 +120,7 @@ class CountingSpanExporter(SpanExporter):
         self.seen += len(spans)
         if result is not SpanExportResult.SUCCESS:
             self.failed += len(spans)
-            count_dropped("spans", semconv.DROP_EXPORT_FAILED, len(spans), detail)
+            self.drops.count("spans", semconv.DROP_EXPORT_FAILED, len(spans), detail)
         return result
 
     def shutdown(self) -> None:
@@ -139,6 +141,7 @@ class CountingMetricExporter(MetricExporter):
         self.inner = inner
         self.in_flight = 0
         self.closed = False
+        self.drops = Drops()  # the pipeline's, once adopted
 
     def export(self, metrics_data: Any, timeout_millis: float = 10_000,
                **kwargs: Any) -> MetricExportResult:
@@ -155,7 +158,7 @@ class CountingMetricExporter(MetricExporter):
         finally:
             self.in_flight = 0
         if result is not MetricExportResult.SUCCESS and not self.closed:
-            count_dropped("metrics", semconv.DROP_EXPORT_FAILED, n, detail)
+            self.drops.count("metrics", semconv.DROP_EXPORT_FAILED, n, detail)
         return result
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
@@ -191,20 +194,29 @@ class Pipeline:
     queue_capacity: int = 2048 + 512
     """Spans a batch processor can hold (its queue and the batch in flight): what an exporter
     never saw beyond this was dropped as the queue overflowed."""
+    drops: Drops = field(default_factory=Drops)
 
 
 class _Exit:
-    """The one bounded exit of this process: what it flushes and what runs first."""
+    """The one bounded exit of this process (an exit handler is process-wide): the pipeline it
+    shuts down, what runs first (``callbacks``: the open parts' and, for now, ``request.settle``'s)
+    and its deadline (``timeout_s``: the instrumented config's while instrumented)."""
 
     pipeline: Pipeline | None = None
     callbacks: list[Callable[[], None]] = []
+    timeout_s: float = config.Config().exit_timeout_s
+    lock = threading.Lock()
     state = "armed"  # -> "registered" (atexit) -> "done"
 
 
 def adopt(pipeline: Pipeline) -> None:
     """Our configurator's pipeline: bounded exit, drop counting, snapshot export."""
     _Exit.pipeline = pipeline
-    with _lock:
+    for exporter in (*pipeline.span_exporters, *pipeline.metric_exporters):
+        exporter.drops = pipeline.drops
+    with contextlib.suppress(Exception):  # made now: at exit the provider may be shutting down
+        pipeline.drops.make_counter(pipeline.meter_provider)
+    with _Exit.lock:
         if _Exit.state != "armed":
             return
         _Exit.state = "registered"
@@ -212,9 +224,6 @@ def adopt(pipeline: Pipeline) -> None:
     # summary) would vanish. A level set on "otel_ttft" by the user still wins.
     if logger.level == logging.NOTSET:
         logger.setLevel(logging.WARNING)
-    _quiet_sdk_logs()
-    with contextlib.suppress(Exception):
-        _counter()  # made now: at exit the meter provider may be shutting down
     atexit.register(bounded_exit)
 
 
@@ -224,21 +233,32 @@ def exporting_processors() -> list[SpanProcessor]:
     return list(_Exit.pipeline.exporting) if _Exit.pipeline is not None else []
 
 
-def before_flush(callback: Callable[[], None]) -> None:
+def before_exit_flush(callback: Callable[[], None]) -> None:
     """Run ``callback()`` at exit before the final flush (open spans are ended, waiting requests
-    emitted, so they are exported)."""
+    emitted, so they are exported). A part registers when it is made and takes it back when it
+    closes (``forget_before_exit_flush``)."""
     if callback not in _Exit.callbacks:
         _Exit.callbacks.append(callback)
+
+
+def forget_before_exit_flush(callback: Callable[[], None]) -> None:
+    with contextlib.suppress(ValueError):
+        _Exit.callbacks.remove(callback)
+
+
+before_flush = before_exit_flush
+"""Transitional (issue 53): ``request.settle`` registers at import; the merge moves it to its
+part."""
 
 
 def bounded_exit(timeout_s: float | None = None) -> None:
     """Callbacks first, then both providers shut down in parallel until the deadline; what did
     not go is counted and logged. Runs once."""
-    with _lock:
+    with _Exit.lock:
         if _Exit.state == "done":
             return
         _Exit.state = "done"
-    budget = config.current.exit_timeout_s if timeout_s is None else timeout_s
+    budget = _Exit.timeout_s if timeout_s is None else timeout_s
     start = time.monotonic()
     for callback in _Exit.callbacks:
         with contextlib.suppress(Exception):
@@ -258,13 +278,13 @@ def bounded_exit(timeout_s: float | None = None) -> None:
         exporter.closed = True
         unsent = p.counter.ended - exporter.seen
         stuck = min(unsent, p.queue_capacity) if "spans" in late else 0
-        count_dropped("spans", semconv.DROP_QUEUE_FULL, unsent - stuck)
-        count_dropped("spans", semconv.DROP_EXIT_DEADLINE, stuck)
+        p.drops.count("spans", semconv.DROP_QUEUE_FULL, unsent - stuck)
+        p.drops.count("spans", semconv.DROP_EXIT_DEADLINE, stuck)
     for exporter in p.metric_exporters:
         exporter.closed = True
         if "metrics" in late:
-            count_dropped("metrics", semconv.DROP_EXIT_DEADLINE, exporter.in_flight)
-    _log_summary(time.monotonic() - start)
+            p.drops.count("metrics", semconv.DROP_EXIT_DEADLINE, exporter.in_flight)
+    _log_summary(p.drops.snapshot(), time.monotonic() - start)
 
 
 class _OncePerMessage(logging.Filter):
@@ -283,16 +303,33 @@ class _OncePerMessage(logging.Filter):
         return True
 
 
-_log_filter = _OncePerMessage()
+class BoundedExit:
+    """The ``bounded_exit`` part: while instrumented, the exit's deadline is the instrumented
+    config's (``OTEL_TTFT_EXIT_TIMEOUT_MS``), and, with our configurator's pipeline, one filter
+    (``_OncePerMessage``) is on every OpenTelemetry logger made so far (the configurator imported
+    the exporters). Closing it puts the deadline back and takes the filter off each logger."""
+
+    def __init__(self, process_state: Any) -> None:
+        self.filter = _OncePerMessage()
+        self.loggers: list[logging.Logger] = []
+        self.previous_timeout_s = _Exit.timeout_s
+        _Exit.timeout_s = process_state.config.exit_timeout_s
+        if _Exit.pipeline is None:
+            return  # a provider we did not build: its logs are its owner's business
+        for name in list(logging.root.manager.loggerDict):
+            if name.startswith("opentelemetry."):
+                log = logging.getLogger(name)
+                log.addFilter(self.filter)
+                self.loggers.append(log)
+
+    def close(self) -> None:
+        for log in self.loggers:
+            log.removeFilter(self.filter)
+        self.loggers.clear()
+        _Exit.timeout_s = self.previous_timeout_s
 
 
-def _quiet_sdk_logs() -> None:
-    """On every OpenTelemetry logger made so far (the configurator imported the exporters)."""
-    for name in list(logging.root.manager.loggerDict):
-        if name.startswith("opentelemetry."):
-            log = logging.getLogger(name)
-            if _log_filter not in log.filters:
-                log.addFilter(_log_filter)
+PART = "bounded_exit"
 
 
 def _quietly(fn: Callable[[], Any]) -> None:
@@ -300,8 +337,7 @@ def _quietly(fn: Callable[[], Any]) -> None:
         fn()
 
 
-def _log_summary(elapsed_s: float) -> None:
-    counts = dropped()
+def _log_summary(counts: dict[tuple[str, str], int], elapsed_s: float) -> None:
     if not counts:
         return
     parts = ", ".join(f"{n} {sig} ({reason})" for (sig, reason), n in sorted(counts.items()))

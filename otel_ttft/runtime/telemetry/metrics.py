@@ -1,15 +1,17 @@
-"""OTel instruments. Created lazily against the configured (else the global) meter provider, with
-explicit buckets far above 10 s (a cold start of a large model takes minutes; SDK defaults stop at
-10 s).
+"""OTel instruments, with explicit buckets far above 10 s (a cold start of a large model takes
+minutes; SDK defaults stop at 10 s).
 
 Activations are rare (one an hour or a day), so besides the histogram each stage's duration in the
 process's latest activation is a gauge read at export time: an alert compares that value with the
 model's history (``collector-config/rules``) instead of a rate over windows with no samples.
+
+The instruments and what the gauges read are a part of the process's state (``StageMetrics``),
+made on the meter provider given to ``instrument()`` (else the global one).
 """
 
 from __future__ import annotations
 
-from functools import cache
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from opentelemetry import metrics
@@ -27,43 +29,135 @@ def meter(name: str = "otel_ttft", provider: Any = None) -> Any:
                              else config.current.meter_provider)
 
 
-def reset() -> None:
-    """Instruments are made again from the next sample on (``instrument()`` with a provider)."""
-    _instruments.cache_clear()
+# --- observable gauges: one callback per provider, fed by the part open now ---------------------
+class GaugeFeed:
+    """The one callback of one observable gauge on one meter provider. The OTel API cannot
+    unregister a callback, and the SDK keeps the first instrument of a name (a second one's
+    callbacks are ignored): so each gauge is registered once per provider and reads whichever
+    part feeds it now (``source``); with none (uninstrumented), it yields nothing."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[CallbackOptions], Iterable[Observation]] | None = None
+
+    def __call__(self, options: CallbackOptions) -> Iterable[Observation]:
+        source = self.source
+        return source(options) if source is not None else ()
 
 
-@cache
-def _instruments() -> dict[str, Any]:
-    ours = meter()
-    return {
-        "activation": ours.create_histogram(
+_feeds: dict[tuple[int, str], tuple[Any, GaugeFeed]] = {}
+"""(id of a meter provider, gauge name) -> (that provider, its feed): what was registered on
+providers, which outlive an instrumentation (a registration cannot be taken back)."""
+
+
+def observable_gauge(cfg: config.Config, name: str, source: Callable[..., Any], *,
+                     meter_name: str = "otel_ttft", **kwargs: Any) -> GaugeFeed:
+    """The gauge ``name`` on ``cfg``'s meter provider, fed by ``source`` from now on (registered
+    on first use of that provider; the part sets ``feed.source = None`` when it closes)."""
+    provider = config.meter_provider(cfg)
+    key = (id(provider), name)
+    found = _feeds.get(key)
+    if found is None or found[0] is not provider:
+        feed = GaugeFeed()
+        metrics.get_meter(meter_name, __version__, meter_provider=provider) \
+            .create_observable_gauge(name, callbacks=[feed], **kwargs)
+        _feeds[key] = found = (provider, feed)
+    found[1].source = source
+    return found[1]
+
+
+def stop_feeding(feed: GaugeFeed, source: Callable[..., Any]) -> None:
+    """``source`` no longer feeds ``feed`` (unless a newer part took it over already)."""
+    if feed.source == source:
+        feed.source = None
+
+
+class StageMetrics:
+    """The ``stage_metrics`` part: the activation stage instruments, and what the
+    latest-activation gauges read: ``last`` ((stage, model) -> [trace id of the activation,
+    longest span of that stage in it, seconds]) and ``compiles`` (model -> [trace id, compile
+    spans, cache hits]). Fed by the stage tagger as staged spans end, and by the shard reads."""
+
+    def __init__(self, process_state: Any) -> None:
+        global _open_state
+        self.config: config.Config = process_state.config
+        ours = process_state.meter
+        self.activation = ours.create_histogram(
             semconv.METRIC_ACTIVATION_STAGE_DURATION, unit="s",
             description="Duration of one engine-activation stage span (start, wake, adapter load)",
-            explicit_bucket_boundaries_advisory=list(semconv.ACTIVATION_DURATION_BUCKETS_S)),
-        "read_bytes": ours.create_counter(
+            explicit_bucket_boundaries_advisory=list(semconv.ACTIVATION_DURATION_BUCKETS_S))
+        self.read_bytes = ours.create_counter(
             semconv.METRIC_LOAD_READ_BYTES, unit="By",
-            description="Checkpoint bytes read while loading weights"),
-        "read_throughput": ours.create_histogram(
+            description="Checkpoint bytes read while loading weights")
+        self.read_throughput = ours.create_histogram(
             semconv.METRIC_LOAD_READ_THROUGHPUT, unit="GBy/s",
             description="Checkpoint read throughput per shard",
-            explicit_bucket_boundaries_advisory=list(semconv.THROUGHPUT_BUCKETS_GB_PER_S)),
-        "last": ours.create_observable_gauge(
-            semconv.METRIC_ACTIVATION_STAGE_LAST_DURATION, callbacks=[_observe_last], unit="s",
-            description="Duration of each stage in this process's latest activation (its longest "
-                        "span of that stage)"),
-        "compile_hits": ours.create_observable_gauge(
-            semconv.METRIC_ACTIVATION_COMPILE_CACHE_HIT_RATIO, callbacks=[_observe_compile],
+            explicit_bucket_boundaries_advisory=list(semconv.THROUGHPUT_BUCKETS_GB_PER_S))
+        self.last: dict[tuple[str, str | None], list] = {}
+        self.compiles: dict[str | None, list] = {}
+        self.last_feed = observable_gauge(
+            self.config, semconv.METRIC_ACTIVATION_STAGE_LAST_DURATION, self.observe_last,
+            unit="s", description="Duration of each stage in this process's latest activation "
+                                  "(its longest span of that stage)")
+        self.compile_feed = observable_gauge(
+            self.config, semconv.METRIC_ACTIVATION_COMPILE_CACHE_HIT_RATIO, self.observe_compile,
             unit="1", description="Fraction of torch.compile spans in this process's latest "
-                                  "activation that loaded their artifacts from the cache"),
-    }
+                                  "activation that loaded their artifacts from the cache")
+        _open_state = self
+
+    def close(self) -> None:
+        global _open_state
+        stop_feeding(self.last_feed, self.observe_last)
+        stop_feeding(self.compile_feed, self.observe_compile)
+        if _open_state is self:
+            _open_state = None
+
+    def record_activation_stage(self, stage: str, seconds: float, model: str | None,
+                                trace_id: int | None = None,
+                                cache_hit: bool | None = None) -> None:
+        """One finished stage span. ``trace_id`` (the activation's trace) lets the
+        latest-activation gauges start afresh when a new activation (a wake-up) begins in this
+        process; ``cache_hit`` is a torch.compile span's ``ttft.compile.cache_hit``."""
+        self.activation.record(seconds, _attrs(stage, model))
+        if cache_hit is not None:
+            compiles = self.compiles.get(model)
+            if compiles is None or compiles[0] != trace_id:
+                compiles = self.compiles[model] = [trace_id, 0, 0]
+            compiles[1] += 1
+            compiles[2] += bool(cache_hit)
+        entry = self.last.get((stage, model))
+        if entry is None or entry[0] != trace_id:
+            self.last[(stage, model)] = [trace_id, seconds]
+        elif seconds > entry[1]:
+            entry[1] = seconds
+
+    def record_shard_read(self, nbytes: int, gb_per_s: float | None, model: str | None) -> None:
+        attrs = _attrs(semconv.STAGE_LOAD_READ, model)
+        self.read_bytes.add(nbytes, attrs)
+        if gb_per_s is not None:
+            self.read_throughput.record(gb_per_s, attrs)
+
+    def observe_last(self, options: CallbackOptions) -> list[Observation]:
+        merged: dict[tuple[str, str | None], float] = {}
+        for (stage, model), (_trace, seconds) in list(self.last.items()):
+            key = (stage, _model(model))
+            merged[key] = max(seconds, merged.get(key, 0.0))
+        return [Observation(seconds, _attrs(stage, model))
+                for (stage, model), seconds in merged.items()]
+
+    def observe_compile(self, options: CallbackOptions) -> list[Observation]:
+        return [Observation(hits / total, _attrs(None, _model(model)))
+                for model, (_trace, total, hits) in list(self.compiles.items()) if total]
 
 
-# (stage, model) -> [trace id of the activation, longest span of that stage in it, seconds]
-_last: dict[tuple[str, str | None], list] = {}
+PART = "stage_metrics"
+
+_open_state: StageMetrics | None = None
+"""Transitional (issue 53): the open part, for the callers not handed it yet (the stage tagger
+our configurator builds, ``load.shards``)."""
 
 
-# model -> [trace id of the activation, compile spans, cache hits]
-_compiles: dict[str | None, list] = {}
+def reset() -> None:
+    """Transitional: the instrumentor still calls it; the instruments live in the part now."""
 
 
 def _model(model: str | None) -> str | None:
@@ -71,21 +165,6 @@ def _model(model: str | None) -> str | None:
     the model it serves: read at export time, when it is known, so the series of one activation
     all carry the model label."""
     return model or this_process.served_model
-
-
-def _observe_last(options: CallbackOptions):
-    merged: dict[tuple[str, str | None], float] = {}
-    for (stage, model), (_trace, seconds) in list(_last.items()):
-        key = (stage, _model(model))
-        merged[key] = max(seconds, merged.get(key, 0.0))
-    for (stage, model), seconds in merged.items():
-        yield Observation(seconds, _attrs(stage, model))
-
-
-def _observe_compile(options: CallbackOptions):
-    for model, (_trace, total, hits) in list(_compiles.items()):
-        if total:
-            yield Observation(hits / total, _attrs(None, _model(model)))
 
 
 def _attrs(stage: str | None, model: str | None) -> dict[str, str]:
@@ -99,26 +178,14 @@ def _attrs(stage: str | None, model: str | None) -> dict[str, str]:
 
 def record_activation_stage(stage: str, seconds: float, model: str | None,
                             trace_id: int | None = None, cache_hit: bool | None = None) -> None:
-    """One finished stage span. ``trace_id`` (the activation's trace) lets the latest-activation
-    gauges start afresh when a new activation (a wake-up) begins in this process; ``cache_hit``
-    is a torch.compile span's ``ttft.compile.cache_hit``."""
-    _instruments()["activation"].record(seconds, _attrs(stage, model))
-    if cache_hit is not None:
-        compiles = _compiles.get(model)
-        if compiles is None or compiles[0] != trace_id:
-            compiles = _compiles[model] = [trace_id, 0, 0]
-        compiles[1] += 1
-        compiles[2] += bool(cache_hit)
-    entry = _last.get((stage, model))
-    if entry is None or entry[0] != trace_id:
-        _last[(stage, model)] = [trace_id, seconds]
-    elif seconds > entry[1]:
-        entry[1] = seconds
+    """Transitional: to the open part (``StageMetrics.record_activation_stage``), if any."""
+    part = _open_state
+    if part is not None:
+        part.record_activation_stage(stage, seconds, model, trace_id, cache_hit)
 
 
 def record_shard_read(nbytes: int, gb_per_s: float | None, model: str | None) -> None:
-    inst = _instruments()
-    attrs = _attrs(semconv.STAGE_LOAD_READ, model)
-    inst["read_bytes"].add(nbytes, attrs)
-    if gb_per_s is not None:
-        inst["read_throughput"].record(gb_per_s, attrs)
+    """Transitional: to the open part (``StageMetrics.record_shard_read``), if any."""
+    part = _open_state
+    if part is not None:
+        part.record_shard_read(nbytes, gb_per_s, model)

@@ -24,6 +24,8 @@ from otel_ttft.version import __version__
 logger = logging.getLogger("otel_ttft")
 
 _tracer = trace.get_tracer("otel_ttft", __version__)  # a proxy until a provider exists
+"""Transitional (issue 53): the tracer of code not yet handed its part's (``tracer=``)."""
+
 
 def tracer() -> trace.Tracer:
     return _tracer
@@ -35,24 +37,32 @@ def use_tracer_provider(provider: trace.TracerProvider | None) -> None:
     _tracer = trace.get_tracer("otel_ttft", __version__, tracer_provider=provider)
 
 
-def flush_async() -> None:
+def flush_async(cfg: config.Config | None = None) -> None:
     """Export what this process has so far without blocking vLLM: a child can be killed at
     shutdown before its batch processor's next tick, and its start-up spans would be lost.
-    The provider in force (``config.tracer_provider``) is flushed."""
-    flush = getattr(config.tracer_provider(), "force_flush", None)
+    ``cfg``'s provider is flushed (default: the config in force)."""
+    flush = getattr(config.tracer_provider(cfg), "force_flush", None)
     if flush is not None:
         import threading
 
         threading.Thread(target=flush, name="otel-ttft-flush", daemon=True).start()
 
 
-_on_staged: Callable[[Span], None] | None = None
+_stage_listeners: list[Callable[[Span], None]] = []
+"""Told when a span gets its stage after it started (``tag_span`` on an open span: a shard read,
+vLLM's span enriched): the in-flight tracker republishes the open chain with the stage. Added by
+the ``inflight`` part when it is made, removed when it closes. (Once every span opens with its
+stage, ``start_span(attributes=...)``, the tracker sees it in ``on_start`` and this can go.)"""
 
 
-def set_staged_listener(listener: Callable[[Span], None]) -> None:
-    """Told when a span gets its stage after it started (the in-flight tracker)."""
-    global _on_staged
-    _on_staged = listener
+def listen_for_stages(listener: Callable[[Span], None]) -> None:
+    if listener not in _stage_listeners:
+        _stage_listeners.append(listener)
+
+
+def stop_listening_for_stages(listener: Callable[[Span], None]) -> None:
+    if listener in _stage_listeners:
+        _stage_listeners.remove(listener)
 
 
 def tag_span(span: Span, stage: str | None, attributes: Mapping[str, Any] | None) -> None:
@@ -62,8 +72,9 @@ def tag_span(span: Span, stage: str | None, attributes: Mapping[str, Any] | None
         span.set_attribute(semconv.ATTR_PROCESS_KIND, this_process.kind)
     if attributes:
         span.set_attributes({k: v for k, v in attributes.items() if v is not None})
-    if stage is not None and _on_staged is not None and span.is_recording():
-        _on_staged(span)  # a span the sampler dropped is nobody's to track
+    if stage is not None and _stage_listeners and span.is_recording():
+        for listener in list(_stage_listeners):  # a span the sampler dropped is nobody's
+            listener(span)
 
 
 @contextmanager
