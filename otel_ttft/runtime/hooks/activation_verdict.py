@@ -30,7 +30,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from otel_ttft import semconv
 from otel_ttft.runtime import activation_history as history
-from otel_ttft.runtime import clock, config, environment_variables
+from otel_ttft.runtime import clock, environment_variables
 from otel_ttft.runtime.hooks import activation_ledger as ledger
 from otel_ttft.runtime.telemetry import metrics, spans
 
@@ -93,27 +93,171 @@ class _Preload:
     done: threading.Event = field(default_factory=threading.Event)
 
 
-_preload: _Preload | None = None
-_judged: _Judged | None = None
-_latest: dict | None = None  # the gauge's observation: value and labels
-_lock = threading.Lock()
-_gauges: set[int] = set()
+PART = "verdict"
 
 
-def note_config(vllm_config: Any) -> None:
-    """The API server knows its engine config: start reading the history in a thread. Once per
-    process."""
-    global _preload
-    if _preload is not None or vllm_config is None or not history.enabled():
-        return
-    try:
-        summary = config_summary(vllm_config)
-    except Exception:  # noqa: BLE001 - a config we cannot read: no verdict, no harm
-        return
-    _preload = _Preload(key=_key(summary), config=summary,
-                        model=_served_name(vllm_config))
-    threading.Thread(target=_load, args=(_preload,), name="otel-ttft-verdict-history",
-                     daemon=True).start()
+class LiveVerdict:
+    """The ``verdict`` part (API server): the activation being judged, its cold requests, the
+    latest verdict for the gauge. Made before the activation part, which tells it the engine
+    config and ready; the request path tells it each finished request."""
+
+    def __init__(self, process_state: Any):
+        self._config = process_state.config
+        self._tracer = process_state.tracer
+        self._preload: _Preload | None = None
+        self._judged: _Judged | None = None
+        self._latest: dict | None = None  # the gauge's observation: value and labels
+        self._lock = threading.Lock()
+        self._feed: Any = None  # the gauge's feed, once a verdict exists
+        self._closed = False
+
+    def note_config(self, vllm_config: Any) -> None:
+        """The API server knows its engine config: start reading the history in a thread.
+        Once per process."""
+        if (self._closed or self._preload is not None or vllm_config is None
+                or not history.enabled()):
+            return
+        try:
+            summary = config_summary(vllm_config)
+        except Exception:  # noqa: BLE001 - a config we cannot read: no verdict, no harm
+            return
+        self._preload = pre = _Preload(key=_key(summary), config=summary,
+                                       model=_served_name(vllm_config))
+        threading.Thread(target=_load, args=(pre,), name="otel-ttft-verdict-history",
+                         daemon=True).start()
+
+    def wait_for_history(self, timeout_s: float) -> bool:
+        """Whether the history read begun by ``note_config`` has finished (tests)."""
+        pre = self._preload
+        return pre is not None and pre.done.wait(timeout_s)
+
+    def on_ready(self, root: trace.Span, start_ns: int, end_ns: int) -> None:
+        """The API server is ready: judge this activation in a thread of its own, off the
+        start-up path; then save its record."""
+        pre = self._preload
+        if self._closed or pre is None or not root.is_recording():
+            return
+        try:
+            context = root.get_span_context()
+            judged = _Judged(format(context.trace_id, "032x"), context, start_ns, end_ns, pre)
+            self._judged = judged
+            threading.Thread(target=self._judge_ready, args=(judged,), name="otel-ttft-verdict",
+                             daemon=True).start()
+        except Exception:  # noqa: BLE001 - the verdict must never cost the server its start
+            logger.debug("otel-ttft: no verdict for this activation", exc_info=True)
+
+    def _judge_ready(self, judged: _Judged) -> None:
+        """The ready verdict, in its own thread: ``otel_ttft.diagnosis`` is imported here,
+        never at start-up."""
+        try:
+            from otel_ttft.diagnosis import activation as diagnosis
+
+            pre = judged.pre
+            pre.done.wait(_HISTORY_WAIT_S)
+            loaded = pre.loaded if pre.done.is_set() else None
+            judged.record = _record(diagnosis, pre, judged.trace_hex, judged.start_ns,
+                                    judged.end_ns)
+            judged.earlier = sorted((r for r in (loaded.records if loaded else [])
+                                     if r["key"] == pre.key), key=lambda r: r.get("at") or 0)
+            if judged.earlier:  # a change to name: in the installed vLLM's words
+                judged.vocab, judged.vocab_error, judged.vocab_note = _vocabulary()
+            result = diagnosis.judge(judged.record, judged.earlier, vocab=judged.vocab,
+                                     vocab_error=judged.vocab_error)
+            if loaded is None or loaded.problem:
+                result["history_problem"] = ("history not read in time" if loaded is None
+                                             else loaded.problem)
+            self._emit(result, judged)
+            judged.saving = threading.Thread(target=_save, args=(pre.path, judged.record),
+                                             name="otel-ttft-verdict-save", daemon=True)
+            judged.saving.start()
+        except Exception:  # noqa: BLE001 - never an error for the server
+            logger.debug("otel-ttft: no verdict for this activation", exc_info=True)
+        finally:
+            judged.done.set()
+
+    def request_done(self, activation: Any, index: int, ttft_s: float | None,
+                     stages: dict[str, float], warmup: Any = (), *,
+                     prompt_tokens: int | None = None,
+                     cached_tokens: int | None = None) -> None:
+        """A request finished (``index``: its place after its activation, 1 = first). Once
+        the activation's cold requests are all done, judge it again with their warm-up
+        counted, and with how much of their prompts vLLM's prefix cache held."""
+        judged, cold = self._judged, self._config.cold_requests
+        if (judged is None or judged.finished or not 0 < index <= cold
+                or getattr(getattr(activation, "span_context", None), "trace_id", None)
+                != judged.span_context.trace_id):
+            return
+        with self._lock:
+            if judged.finished:
+                return
+            judged.cold_ttft += ttft_s or 0.0
+            _add_request_stages(judged.cold_stages, stages, warmup)
+            if prompt_tokens and cached_tokens is not None:
+                judged.cold_prompt_tokens += prompt_tokens
+                judged.cold_cached_tokens += min(cached_tokens, prompt_tokens)
+            judged.cold_done += 1
+            if judged.cold_done < cold:
+                return
+            judged.finished = True
+        threading.Thread(target=self._judge_cold, args=(judged,),
+                         name="otel-ttft-verdict-cold", daemon=True).start()
+
+    def _judge_cold(self, judged: _Judged) -> None:
+        try:
+            from otel_ttft.diagnosis import activation as diagnosis
+
+            judged.done.wait(_HISTORY_WAIT_S + _VOCABULARY_READ_S)
+            if judged.record is None:
+                return  # no ready verdict: nothing to judge again
+            cold: dict[str, Any] = {
+                "requests": judged.cold_done, "ttft_s": round(judged.cold_ttft, 6),
+                "stages": {k: round(v, 6) for k, v in judged.cold_stages.items()}}
+            if judged.cold_prompt_tokens:
+                cold.update(prompt_tokens=judged.cold_prompt_tokens,
+                            cached_tokens=judged.cold_cached_tokens)
+            record = dict(judged.record, cold=cold)
+            result = diagnosis.judge(record, judged.earlier,
+                                     phase=semconv.VERDICT_PHASE_COLD_REQUESTS,
+                                     vocab=judged.vocab, vocab_error=judged.vocab_error)
+            self._emit(result, judged)
+            if judged.saving is not None:
+                judged.saving.join(history.LOCK_WAIT_S + 5)  # in order: this replaces that
+            _save(judged.pre.path, record)
+            ledger.forget(judged.trace_hex)
+            spans.flush_async(self._config)
+        except Exception:  # noqa: BLE001
+            logger.debug("otel-ttft: no cold-request verdict", exc_info=True)
+
+    def _emit(self, result: dict, judged: _Judged) -> None:
+        """One verdict: a child span of the activation, the log line, the gauge."""
+        if self._closed:
+            return
+        if judged.vocab_note:
+            result["vocabulary_note"] = judged.vocab_note
+        now = clock.now_ns()
+        parent = trace.set_span_in_context(trace.NonRecordingSpan(judged.span_context))
+        spans.emit_span(semconv.SPAN_ACTIVATION_VERDICT, now, now, context=parent,
+                        attributes=attributes(result), tracer=self._tracer)
+        self._latest = _report(result, judged.trace_hex)
+        if self._feed is None:
+            self._feed = metrics.observable_gauge(
+                self._config, semconv.METRIC_ACTIVATION_VERDICT, self._observe, unit="s",
+                description="The blamed stage's increase over the earlier activations of its "
+                            "model on this host, in this server's latest verdict (labels: "
+                            "stage, fix, outcome)")
+
+    def _observe(self, options: CallbackOptions):
+        latest = self._latest
+        if latest is not None:
+            yield Observation(latest["value"], latest["labels"])
+
+    def close(self) -> None:
+        """Judge nothing more; the gauge stops reporting this process's verdict."""
+        self._closed = True
+        if self._feed is not None:
+            metrics.stop_feeding(self._feed, self._observe)
+            self._feed = None
+        self._preload = self._judged = self._latest = None
 
 
 def config_summary(vllm_config: Any) -> dict[str, str]:
@@ -165,51 +309,8 @@ def _load(pre: _Preload) -> None:
         pre.done.set()
 
 
-def on_ready(root: trace.Span, start_ns: int, end_ns: int) -> None:
-    """The API server is ready: judge this activation in a thread of its own, off the start-up
-    path; then save its record."""
-    global _judged
-    pre = _preload
-    if pre is None or not root.is_recording():
-        return
-    try:
-        context = root.get_span_context()
-        judged = _Judged(format(context.trace_id, "032x"), context, start_ns, end_ns, pre)
-        _judged = judged
-        threading.Thread(target=_judge_ready, args=(judged,), name="otel-ttft-verdict",
-                         daemon=True).start()
-    except Exception:  # noqa: BLE001 - the verdict must never cost the server its start
-        logger.debug("otel-ttft: no verdict for this activation", exc_info=True)
 
 
-def _judge_ready(judged: _Judged) -> None:
-    """The ready verdict, in its own thread: ``otel_ttft.diagnosis`` is imported here, never
-    at start-up."""
-    try:
-        from otel_ttft.diagnosis import activation as diagnosis
-
-        pre = judged.pre
-        pre.done.wait(_HISTORY_WAIT_S)
-        loaded = pre.loaded if pre.done.is_set() else None
-        judged.record = _record(diagnosis, pre, judged.trace_hex, judged.start_ns,
-                                judged.end_ns)
-        judged.earlier = sorted((r for r in (loaded.records if loaded else [])
-                                 if r["key"] == pre.key), key=lambda r: r.get("at") or 0)
-        if judged.earlier:  # a change to name: in the installed vLLM's words
-            judged.vocab, judged.vocab_error, judged.vocab_note = _vocabulary()
-        result = diagnosis.judge(judged.record, judged.earlier, vocab=judged.vocab,
-                                 vocab_error=judged.vocab_error)
-        if loaded is None or loaded.problem:
-            result["history_problem"] = ("history not read in time" if loaded is None
-                                         else loaded.problem)
-        _emit(result, judged)
-        judged.saving = threading.Thread(target=_save, args=(pre.path, judged.record),
-                                         name="otel-ttft-verdict-save", daemon=True)
-        judged.saving.start()
-    except Exception:  # noqa: BLE001 - never an error for the server
-        logger.debug("otel-ttft: no verdict for this activation", exc_info=True)
-    finally:
-        judged.done.set()
 
 
 def _vocabulary() -> tuple[Any, str | None, str | None]:
@@ -222,15 +323,6 @@ def _vocabulary() -> tuple[Any, str | None, str | None]:
                            _VOCABULARY_READ_S)
 
 
-def _emit(result: dict, judged: _Judged) -> None:
-    """One verdict: a child span of the activation, the log line, the gauge."""
-    if judged.vocab_note:
-        result["vocabulary_note"] = judged.vocab_note
-    now = clock.now_ns()
-    parent = trace.set_span_in_context(trace.NonRecordingSpan(judged.span_context))
-    spans.emit_span(semconv.SPAN_ACTIVATION_VERDICT, now, now, context=parent,
-                    attributes=attributes(result))
-    _report(result, judged.trace_hex)
 
 
 def _record(diagnosis: Any, pre: _Preload, trace_hex: str, start_ns: int, end_ns: int) -> dict:
@@ -259,31 +351,6 @@ def _save(path: Path | None, record: dict) -> None:
         logger.debug("otel-ttft: activation history not saved: %s", problem)
 
 
-def request_done(activation: Any, index: int, ttft_s: float | None,
-                 stages: dict[str, float], warmup: Any = (), *,
-                 prompt_tokens: int | None = None, cached_tokens: int | None = None) -> None:
-    """A request finished (``index``: its place after its activation, 1 = first). Once the
-    activation's cold requests are all done, judge it again with their warm-up counted, and
-    with how much of their prompts vLLM's prefix cache held."""
-    judged = _judged
-    if (judged is None or judged.finished or not 0 < index <= config.current.cold_requests
-            or getattr(getattr(activation, "span_context", None), "trace_id", None)
-            != judged.span_context.trace_id):
-        return
-    with _lock:
-        if judged.finished:
-            return
-        judged.cold_ttft += ttft_s or 0.0
-        _add_request_stages(judged.cold_stages, stages, warmup)
-        if prompt_tokens and cached_tokens is not None:
-            judged.cold_prompt_tokens += prompt_tokens
-            judged.cold_cached_tokens += min(cached_tokens, prompt_tokens)
-        judged.cold_done += 1
-        if judged.cold_done < config.current.cold_requests:
-            return
-        judged.finished = True
-    threading.Thread(target=_judge_cold, args=(judged,), name="otel-ttft-verdict-cold",
-                     daemon=True).start()
 
 
 def _add_request_stages(into: dict[str, float], stages: dict[str, float], warmup: Any) -> None:
@@ -305,31 +372,6 @@ def _add_request_stages(into: dict[str, float], stages: dict[str, float], warmup
         into[k] = into.get(k, 0.0) + v
 
 
-def _judge_cold(judged: _Judged) -> None:
-    try:
-        from otel_ttft.diagnosis import activation as diagnosis
-
-        judged.done.wait(_HISTORY_WAIT_S + _VOCABULARY_READ_S)
-        if judged.record is None:
-            return  # no ready verdict: nothing to judge again
-        cold: dict[str, Any] = {
-            "requests": judged.cold_done, "ttft_s": round(judged.cold_ttft, 6),
-            "stages": {k: round(v, 6) for k, v in judged.cold_stages.items()}}
-        if judged.cold_prompt_tokens:
-            cold.update(prompt_tokens=judged.cold_prompt_tokens,
-                        cached_tokens=judged.cold_cached_tokens)
-        record = dict(judged.record, cold=cold)
-        result = diagnosis.judge(record, judged.earlier,
-                                 phase=semconv.VERDICT_PHASE_COLD_REQUESTS,
-                                 vocab=judged.vocab, vocab_error=judged.vocab_error)
-        _emit(result, judged)
-        if judged.saving is not None:
-            judged.saving.join(history.LOCK_WAIT_S + 5)  # in order: this record replaces that
-        _save(judged.pre.path, record)
-        ledger.forget(judged.trace_hex)
-        spans.flush_async()
-    except Exception:  # noqa: BLE001
-        logger.debug("otel-ttft: no cold-request verdict", exc_info=True)
 
 
 def attributes(result: dict) -> dict[str, Any]:
@@ -360,9 +402,8 @@ def attributes(result: dict) -> dict[str, Any]:
     return attrs
 
 
-def _report(result: dict, trace_hex: str) -> None:
-    """The log line and the gauge."""
-    global _latest
+def _report(result: dict, trace_hex: str) -> dict:
+    """The log line; returns the gauge's observation (value and labels)."""
     line = result["summary"]
     if result.get("history_problem"):
         line += f" [history: {result['history_problem']}]"
@@ -380,34 +421,4 @@ def _report(result: dict, trace_hex: str) -> None:
               semconv.ATTR_ACTIVATION_TRACE_ID: trace_hex}
     if result.get("model"):
         labels[semconv.GEN_AI_REQUEST_MODEL] = result["model"]
-    _latest = {"value": float(result["increase_s"]), "labels": labels}
-    _ensure_gauge()
-
-
-def _ensure_gauge() -> None:
-    provider = config.current.meter_provider
-    if id(provider) in _gauges:
-        return
-    _gauges.add(id(provider))
-    metrics.meter().create_observable_gauge(
-        semconv.METRIC_ACTIVATION_VERDICT, callbacks=[_observe], unit="s",
-        description="The blamed stage's increase over the earlier activations of its model on "
-                    "this host, in this server's latest verdict (labels: stage, fix, outcome)")
-
-
-def _observe(options: CallbackOptions):
-    latest = _latest
-    if latest is not None:
-        yield Observation(latest["value"], latest["labels"])
-
-
-def reset() -> None:
-    """Forget this process's activation and verdict, as a new process would (tests)."""
-    global _preload, _judged, _latest
-    _preload = _judged = _latest = None
-
-
-def wait_for_history(timeout_s: float) -> bool:
-    """Whether the history read begun by ``note_config`` has finished (tests, diagnostics)."""
-    pre = _preload
-    return pre is not None and pre.done.wait(timeout_s)
+    return {"value": float(result["increase_s"]), "labels": labels}

@@ -20,6 +20,8 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from otel_ttft.runtime import clock
+
 DEFAULT_ARGS = (
     "--dtype", "bfloat16", "--max-model-len", "512", "--max-num-seqs", "4",
     "--max-num-batched-tokens", "512",
@@ -107,7 +109,7 @@ class VllmServer:
 
     def environment(self) -> dict[str, str]:
         """os.environ plus ``env``; a None value removes the variable."""
-        env = {**os.environ, **self.env}
+        env = {**os.environ, **clock.handed_down(), **self.env}  # one clock offset for all
         env = {k: v for k, v in env.items() if v is not None}
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # else the CPU backend reserves ~8 GiB
         return env

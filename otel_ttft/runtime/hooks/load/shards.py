@@ -100,6 +100,7 @@ class LoadState:
 
     def __init__(self, process_state: Any):
         self._tracer = process_state.tracer
+        self._metrics = process_state.part(metrics.PART)  # the stage metrics, made before
         self._lock = threading.Lock()
         self._running: LoadPass | None = None
         self._open: set[ShardRead] = set()  # shard spans started, not yet ended
@@ -248,8 +249,9 @@ class ShardRead:
             self.size = os.path.getsize(self.path)
         except OSError:
             self.size = 0
-        self.span = self.state._tracer.start_span(semconv.SPAN_SHARD_READ, context=self.parent,
-                                                  start_time=self.start_ns)
+        self.span = self.state._tracer.start_span(
+            semconv.SPAN_SHARD_READ, context=self.parent, start_time=self.start_ns,
+            attributes={semconv.ATTR_STAGE: semconv.STAGE_LOAD_READ})
         self.state._started(self)
         spans.tag_span(self.span, semconv.STAGE_LOAD_READ, {
             semconv.ATTR_SHARD_PATH: self.path,
@@ -275,7 +277,7 @@ class ShardRead:
         span.end(end_time=end_ns)
         if self.load is not None:
             self.load.add(self, end_ns)
-        metrics.record_shard_read(self.size, gbps, this_process.served_model)
+        self.state._metrics.record_shard_read(self.size, gbps, this_process.served_model)
 
 
 def checkpoint_bytes(paths: list[str]) -> int:
