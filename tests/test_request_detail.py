@@ -16,14 +16,12 @@ from otel_ttft import semconv
 from otel_ttft.runtime import config
 from otel_ttft.runtime import environment_variables as env
 from otel_ttft.runtime.config import Config
-from otel_ttft.runtime.hooks.request import detail
-from otel_ttft.runtime.hooks.request import metrics as request_metrics
-from otel_ttft.runtime.hooks.request import spans as request_spans
 from otel_ttft.runtime.hooks.request.state import RequestRecord
 from otel_ttft.runtime.hooks.request.timeline import SCHEDULED
 from otel_ttft.runtime.telemetry import spans
 from otel_ttft.tools.analysis.breakdown import collect
 from tests import analysis_fixtures as fx
+from tests.request_engine import api_part
 
 SAMPLED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 NOT_SAMPLED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
@@ -56,16 +54,13 @@ def policy():
                               meter_provider=telemetry.meter_provider)
         config.configure(cfg)
         spans.use_tracer_provider(telemetry.tracer_provider)
-        request_metrics.reset()
-        detail.reset()
+        use.part = api_part()
         return cfg
 
     use.telemetry = telemetry
     yield use
     config.configure(Config())
     spans.use_tracer_provider(None)
-    request_metrics.reset()
-    detail.reset()
 
 
 def _record(ttft: float, model: str = "tiny", cold: bool = False, error: str | None = None,
@@ -87,7 +82,7 @@ def _emit(policy, rec):
     """The request span (or None) and its other spans."""
     exporter = policy.telemetry.exporter
     exporter.clear()
-    request_spans.emit_request(rec, now=rec.first_tok + 0.1)
+    policy.part.emitter.emit(rec, now=rec.first_tok + 0.1)
     got = exporter.get_finished_spans()
     reqs = [s for s in got if s.name == semconv.SPAN_REQUEST]
     assert len(reqs) <= 1
@@ -187,8 +182,9 @@ def test_all_none_and_the_sampled_share(policy):
     req, kids = _emit(policy, _record(0.020))
     assert req.attributes[semconv.ATTR_REQUEST_DETAIL] == semconv.DETAIL_SAMPLED and kids
     policy(ratio="0.5")  # a traced request: by the trace id's low 56 bits, as every party agrees
-    assert detail.sampled(1) and not detail.sampled((1 << 56) - 1)
-    draws = [detail.sampled(None) for _ in range(2000)]  # untraced: a private random draw
+    sampled = policy.part.emitter.detail.sampled
+    assert sampled(1) and not sampled((1 << 56) - 1)
+    draws = [sampled(None) for _ in range(2000)]  # untraced: a private random draw
     assert 800 < sum(draws) < 1200
 
 

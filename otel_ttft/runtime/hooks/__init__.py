@@ -29,4 +29,9 @@ def all_hooks() -> list[Hook]:
 def all_parts() -> list[PartSpec]:
     """Every family's state part, in the order they are made (a part may read the ones made
     before it from the state being built); closed in the reverse order."""
-    return []
+    from otel_ttft.runtime.hooks import request
+
+    return [
+        # request path
+        *request.PARTS,
+    ]
