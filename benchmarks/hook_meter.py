@@ -27,7 +27,8 @@ class Meter:
         args, kwargs)`` wrapper only (not a ``Stream``, not ``async``)."""
         wrapper, side, name = hook.wrapper, hook.process, hook.name
 
-        def run(wrapped, instance, args, kwargs):
+        def run(*bound):
+            part, (wrapped, instance, args, kwargs) = bound[:-4], bound[-4:]  # (its state part)
             inner = 0.0
 
             def call(*a, **k):
@@ -40,7 +41,7 @@ class Meter:
 
             t0 = _clock()
             try:
-                return wrapper(call, instance, args, kwargs)
+                return wrapper(*part, call, instance, args, kwargs)
             finally:
                 own = _clock() - t0 - inner
                 self.own[side] = self.own.get(side, 0.0) + own

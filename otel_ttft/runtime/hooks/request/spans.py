@@ -104,14 +104,14 @@ class RequestEmitter:
         self.metrics.close()
 
     def emit(self, rec: RequestRecord, now: float) -> None:
-        """The request's span tree (where the policy wants one) and its metric samples."""
+        """The request's span tree (where the policy wants one) and its metric samples. A warm
+        request that gets no span is only seen by the policy (its model's tail): vLLM's own
+        metrics record its TTFT, queue and prefill time, and it paid no warm-up, waited on no
+        activation and failed in no way of ours to name."""
         end = now
         eng = rec.engine
         queued = rec.queued if rec.queued is not None or eng is None else eng.queued
         schedule = rec.schedule or (list(eng.schedule) if eng is not None else [])
-        if rec.first_tok is not None and not rec.schedule:
-            rec.late_preemptions += [ts for kind, ts in schedule
-                                     if kind == PREEMPTED and ts >= rec.first_tok]
         ttft_end = None
         if rec.first_tok is not None:
             # The first chunk written to the client if we saw it, else the API process got it.
@@ -120,6 +120,29 @@ class RequestEmitter:
             if flushed is not None:
                 ttft_end = max(flushed, ttft_end)
         ttft = (ttft_end - rec.arrival) if ttft_end is not None else None
+        # This request's own front-end work: the fills that began before EngineCore queued it.
+        fills = first_use.within(rec.arrival, next(
+            t for t in (queued, rec.first_tok, ttft_end, end) if t is not None))
+        warmup = _warmup_spans(eng, fills)
+        if warmup:
+            rec.cold = True  # it waited for warm-up work (a compile, its adapter's load, a cache)
+        error = rec.rejected or rec.error
+        headers = rec.trace_headers
+        caller, context, kind = parent_context(
+            headers if headers and "traceparent" in headers else None, rec.context)
+        policy = self.detail
+        detail = policy.reason(cold=rec.cold, ttft=ttft, failed=bool(error or rec.aborted),
+                               model=rec.model)
+        if detail is None and policy.sampled(caller.trace_id if caller else None):
+            detail = semconv.DETAIL_SAMPLED
+        # vLLM's own tracing on (``rec.vllm``): the user asked for a span per request; ours is it.
+        traced = (caller is not None and caller.trace_flags.sampled) or rec.vllm is not None
+        wanted = policy.wants_span(detail, traced=traced)
+        if not wanted and not rec.cold:
+            return  # warm, untraced, no reason: nothing vLLM's own metrics lack
+        if rec.first_tok is not None and not rec.schedule:
+            rec.late_preemptions += [ts for kind_, ts in schedule
+                                     if kind_ == PREEMPTED and ts >= rec.first_tok]
         first_decode = ((rec.first_tok, rec.second_tok)
                         if rec.first_tok is not None and rec.second_tok is not None else None)
         # Rejected on arrival: nothing ran, so no stage tiles its (absent) TTFT.
@@ -127,25 +150,8 @@ class RequestEmitter:
                   else stage_durations(rec.arrival, queued, schedule, rec.first_tok, ttft_end))
         if first_decode is not None:
             stages[semconv.STAGE_FIRST_DECODE] = first_decode[1] - first_decode[0]
-        # This request's own front-end work: the fills that began before EngineCore queued it.
-        fills = first_use.within(rec.arrival, next(
-            t for t in (queued, rec.first_tok, ttft_end, end) if t is not None))
-        warmup = _warmup_spans(eng, fills)
-        if warmup:
-            rec.cold = True  # it waited for warm-up work (a compile, its adapter's load, a cache)
-        waits = wait_spans(eng, rec.first_tok, first_scheduled(schedule))
-        error = rec.rejected or rec.error
-        headers = rec.trace_headers
-        caller, context, kind = parent_context(
-            headers if headers and "traceparent" in headers else None, rec.context)
-        detail = self.detail.reason(cold=rec.cold, ttft=ttft,
-                                    failed=bool(error or rec.aborted), model=rec.model)
-        if detail is None and self.detail.sampled(caller.trace_id if caller else None):
-            detail = semconv.DETAIL_SAMPLED
         ctx = NO_SPAN
-        # vLLM's own tracing on (``rec.vllm``): the user asked for a span per request; ours is it.
-        traced = (caller is not None and caller.trace_flags.sampled) or rec.vllm is not None
-        if self.detail.wants_span(detail, traced=traced):
+        if wanted:
             span = self.tracer.start_span(semconv.SPAN_REQUEST, context=context, kind=kind,
                                           start_time=ns(rec.arrival),
                                           links=activation_links(rec))
@@ -156,6 +162,7 @@ class RequestEmitter:
                 if detail is not None:
                     span.set_attribute(semconv.ATTR_REQUEST_DETAIL, detail)
                     if rec.rejected is None:
+                        waits = wait_spans(eng, rec.first_tok, first_scheduled(schedule))
                         _fill(self.tracer, span, tile(rec.arrival, queued, schedule,
                                                       rec.first_tok, ttft_end, end),
                               first_decode, warmup + waits)
@@ -168,8 +175,10 @@ class RequestEmitter:
         self.metrics.record(ttft, stages, rec.model, rec.cold,
                             eng.waiting if eng is not None else None, usage,
                             context=ctx, operation=operation_name(rec.ext_id))
-        activation_verdict.request_done(rec.activation, rec.cold_index, ttft, stages, warmup,
-                                        prompt_tokens=rec.prompt_len, cached_tokens=rec.cached)
+        if rec.cold_index:
+            activation_verdict.request_done(rec.activation, rec.cold_index, ttft, stages,
+                                            warmup, prompt_tokens=rec.prompt_len,
+                                            cached_tokens=rec.cached)
 
 
 def preemption_events(rec: RequestRecord, schedule: list[tuple[str, float]]
