@@ -1,8 +1,10 @@
 """Which requests get a span, and which get their stage child spans: the request-detail policy.
 
-Every request is counted in the metrics (TTFT and time per stage). A span costs far more than a
-request's hooks and metric samples together (the SDK builds it, the exporter encodes every
-attribute, the export thread sends it): on a busy server that is most of our cost. So by default
+A request with a span, or a cold one, is counted in our metrics (TTFT and time per stage); a warm
+request without either is only seen here (its model's tail) and left to vLLM's own metrics. A
+span costs far more than a request's hooks and metric samples together (the SDK builds it, the
+exporter encodes every attribute, the export thread sends it): on a busy server that is most of
+our cost. So by default
 (``auto``) the ``llm_request`` span, with its stage children, is built for the requests someone
 will open: cold ones (the first requests after an activation, or one that waited for a compile or
 an adapter), slow ones (TTFT above ``OTEL_TTFT_REQUEST_DETAIL_SLOW_MS``), the model's tail (above
