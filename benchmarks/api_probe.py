@@ -28,11 +28,11 @@ With ``BENCH_PROBE_METER=1`` (``request_overhead.py --meter``) the hooks a switc
 metered (``hook_meter``): each wrapper's own time (its time minus the vLLM call inside), and the
 deferred emission (``settle.Settler.settle``, on the event loop, outside any wrapper), counted
 in this server's own main thread. ``SIGUSR2``'s dump then carries those sums, the calls, and
-what a timer and the guard cost here, measured at start: our frames' own CPU inside a real, busy server,
-beside the microbenchmark's figure for the same code. Not metered: the ``send`` in front of
-each streamed chunk (two attribute tests; it awaits starlette's send) and the ``generate`` hook
-(content capture only). The timers cost the metered process itself about 1 us a hooked call,
-so a metered run's CPU is not compared with another's.
+what a timer and the guard cost here, measured at start: our frames' own CPU inside a real, busy
+server, beside the microbenchmark's figure for the same code. Not metered: the ``send`` in front
+of each streamed chunk (two attribute tests; it awaits starlette's send) and the ``generate``
+hook (content capture only). The timers cost the metered process itself about 1 us a hooked
+call, so a metered run's CPU is not compared with another's.
 
 With ``BENCH_PROBE_STUB=module:function,...`` each named function is replaced by one that does
 nothing and returns ``None`` (``module:function=true``: returns ``True``), from the first switch
