@@ -22,6 +22,13 @@ Worker (``worker``): warm-up paid inside a step (an adapter load, a compile, fro
 callbacks), the wall and CPU time of each step that ran a prefill on a CPU worker, and
 (``graphs``, GPU) the CUDA-graph decision for a step that starts a prefill, handed to EngineCore
 with the step's output.
+
+State: one part per side, made by ``runtime.state.ProcessState`` (``PARTS``) and handed to the
+hooks that name it: ``request.api`` (``api.ApiRequests``: the records, the cold count, the
+emitter, the settler), ``request.engine`` (``engine.EngineRequests``) and ``request.worker``
+(``worker.WorkerSteps``). Between processes, one way each: worker -> EngineCore, one attribute of
+the step's ``ModelRunnerOutput`` (``payload.WORKER_NOTES_ATTR``); EngineCore -> API server, one
+entry in the ``trace_headers`` of the request's first output (``payload``).
 """
 
 from __future__ import annotations
