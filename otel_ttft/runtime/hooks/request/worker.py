@@ -116,15 +116,16 @@ class WorkerSteps:
         self.cpu_worker: bool | None = None  # the worker's device is a CPU (None: not known)
         self.run_queue = RunQueueClock(with_io_threads=True)  # the worker's (and wake-up's) wait
         self.queued_last: float | None = None  # its run-queue reading at the latest step
-        self.callbacks: Any = None  # Dynamo's handler, while our callbacks are registered
+        self.callbacks: Any = None  # Dynamo's handler while registered (False: tried, or closed)
         self.closed = False
 
     def close(self) -> None:
         self.closed = True
-        handler, self.callbacks = self.callbacks, None
-        if handler is not None:
-            with contextlib.suppress(ValueError):
+        handler, self.callbacks = self.callbacks, False  # never registered again
+        if handler:
+            with contextlib.suppress(ValueError):  # (gone already: ``torch._dynamo.reset()``)
                 handler.remove_start_callback(self._compile_started)
+            with contextlib.suppress(ValueError):
                 handler.remove_end_callback(self._compile_ended)
         self.run_queue.close()
         self.notes.clear()
