@@ -240,3 +240,18 @@ def test_engine_charges_its_own_wait_to_the_requests_the_step_ran(monkeypatch):
     assert wait.queued >= 0.5 and wait.end - wait.start >= 1.0
     assert core.noted["b"].engine_waits == []
     assert mark is not None and mark[0] >= wait.end
+
+
+def test_closing_the_parts_closes_their_run_queue_files():
+    """``_uninstrument`` closes the state: the ``/proc`` descriptors the clocks hold go with it."""
+    import os
+
+    if core.run_queue.seconds() is None or part.run_queue.seconds() is None:
+        pytest.skip("no /proc/thread-self/schedstat on this kernel")
+    fds = [*core.run_queue._fds, *part.run_queue._fds]
+    assert fds
+    core.close()
+    part.close()
+    for fd in fds:
+        with pytest.raises(OSError):
+            os.fstat(fd)

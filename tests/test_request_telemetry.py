@@ -163,3 +163,15 @@ def test_instrument_takes_the_providers_and_uninstrument_lets_them_go(monkeypatc
     assert _points(data, semconv.METRIC_SERVER_TTFT)
     assert config.current == config.Config()
 
+
+
+def test_a_closed_api_part_emits_nothing_at_exit(telemetry):
+    """``bounded_export`` keeps its exit callbacks: a closed part's stays, and does nothing."""
+    exporter, _, _ = telemetry()
+    part = api_part()
+    rec = _record()
+    rec.queue = type("Queue", (), {"output": object()})()  # its caller has not taken it yet
+    part.book.settling[rec.rid] = rec
+    part.close()
+    part.settler.at_exit()
+    assert not exporter.get_finished_spans()
