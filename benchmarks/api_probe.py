@@ -26,19 +26,19 @@ cost in a plain vLLM. Sent only between runs, when no request is in flight.
 
 With ``BENCH_PROBE_METER=1`` (``request_overhead.py --meter``) the hooks a switch turns on are
 metered (``hook_meter``): each wrapper's own time (its time minus the vLLM call inside), and the
-deferred emission (``settle.settle``, on the event loop, outside any wrapper), counted in this
-server's own main thread. ``SIGUSR2``'s dump then carries those sums, the calls, and what a timer
-and the guard cost here, measured at start: our frames' own CPU inside a real, busy server,
-beside the microbenchmark's figure for the same code. Not metered: the ``send`` in front of
-each streamed chunk (two attribute tests; it awaits starlette's send) and the ``generate`` hook
-(content capture only). The timers cost the metered process itself about 1 us a hooked call,
-so a metered run's CPU is not compared with another's.
+deferred emission (``settle.Settler.settle``, on the event loop, outside any wrapper), counted
+in this server's own main thread. ``SIGUSR2``'s dump then carries those sums, the calls, and
+what a timer and the guard cost here, measured at start: our frames' own CPU inside a real, busy
+server, beside the microbenchmark's figure for the same code. Not metered: the ``send`` in front
+of each streamed chunk (two attribute tests; it awaits starlette's send) and the ``generate``
+hook (content capture only). The timers cost the metered process itself about 1 us a hooked
+call, so a metered run's CPU is not compared with another's.
 
 With ``BENCH_PROBE_STUB=module:function,...`` each named function is replaced by one that does
 nothing and returns ``None`` (``module:function=true``: returns ``True``), from the first switch
 on (``paired_overhead.py --env``): what that part of our request path costs the server end to
 end, where the meter sees only its own frames
-(``otel_ttft.runtime.hooks.request.spans:emit_request``: every finished request is dropped
+(``otel_ttft.runtime.hooks.request.spans:RequestEmitter.emit``: every finished request is dropped
 instead of emitted; only for attributing cost, never a working configuration). The meter's
 ``BENCH_PROBE_METER_FUNCS`` parts are reported with their calls per request (``calls:``).
 
@@ -312,7 +312,7 @@ def _free_functions(on: bool) -> None:
     """Our code that runs outside any wrapper, metered too (API process only)."""
     from otel_ttft.runtime.hooks.request import settle
 
-    targets = {(settle, "settle"): "request.settle"}  # on the event loop, a call_later
+    targets = {(settle.Settler, "settle"): "request.settle"}  # on the event loop (call_later)
     for spec in filter(None, os.environ.get("BENCH_PROBE_METER_FUNCS", "").split(",")):
         module, _, qualname = spec.partition(":")  # inclusive time only: not in the total
         *owners, name = qualname.split(".")

@@ -12,6 +12,9 @@ from otel_ttft.runtime.hooks.registry import Hook, guard
 _clock = time.thread_time
 
 
+_NO_PART = object()
+
+
 class Meter:
     """Own time of the hook wrappers (their time minus the vLLM call inside), per process side
     and per hook, and their calls per side."""
@@ -27,7 +30,7 @@ class Meter:
         args, kwargs)`` wrapper only (not a ``Stream``, not ``async``)."""
         wrapper, side, name = hook.wrapper, hook.process, hook.name
 
-        def run(wrapped, instance, args, kwargs):
+        def run(wrapped, instance, args, kwargs, part=_NO_PART):
             inner = 0.0
 
             def call(*a, **k):
@@ -40,12 +43,20 @@ class Meter:
 
             t0 = _clock()
             try:
-                return wrapper(call, instance, args, kwargs)
+                if part is _NO_PART:
+                    return wrapper(call, instance, args, kwargs)
+                return wrapper(part, call, instance, args, kwargs)
             finally:
                 own = _clock() - t0 - inner
                 self.own[side] = self.own.get(side, 0.0) + own
                 self.by_hook[name] = self.by_hook.get(name, 0.0) + own
                 self.calls[side, "sync"] = self.calls.get((side, "sync"), 0) + 1
+
+        if hook.state is not None:  # the registry hands its state part first (outside the timer)
+            unbound = run
+
+            def run(part, wrapped, instance, args, kwargs):
+                return unbound(wrapped, instance, args, kwargs, part)
 
         return replace(hook, wrapper=run, applied=False)
 

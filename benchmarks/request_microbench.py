@@ -49,11 +49,11 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_ttft.runtime import config, configurator
-from otel_ttft.runtime.hooks import request, rpc
+from otel_ttft.runtime.hooks import all_parts, request, rpc
 from otel_ttft.runtime.hooks.registry import HookSet
-from otel_ttft.runtime.hooks.request import flush, settle
-from otel_ttft.runtime.hooks.request.state import book
+from otel_ttft.runtime.hooks.request import flush
 from otel_ttft.runtime.instrumentor import disabled_hooks
+from otel_ttft.runtime.state import ProcessState
 from otel_ttft.tools.tiny_model import ensure_tiny_model
 
 # This thread's CPU time, not wall time: on a shared machine, time spent descheduled is not ours.
@@ -161,6 +161,7 @@ class _Executor:
 
 
 TRACED = False  # --traced: every request arrives with a sampled traceparent
+STATE: ProcessState  # this process's state, as ``_instrument`` builds it (one for every round)
 IN_FLIGHT = 0  # --in-flight N: at most N requests in the engine at once (0: all admitted at once)
 
 
@@ -278,9 +279,10 @@ def run_batch(fresh, n_requests: int, n_tokens: int, seed: int) -> Timing:
             admit(waiting.pop())
     # Any record still open (none when every request ended) is closed as a disconnect would.
     t0 = _clock()
-    for rid in list(book.live):
-        settle.end(book.forget(rid), time.monotonic())
-    settle.settle(give_up=True)
+    api = STATE.part("request.api")
+    for rid in list(api.book.live):
+        api.settler.end(api.book.forget(rid), time.monotonic())
+    api.settler.settle(give_up=True)
     timing.close_s = _clock() - t0
     timing.api_s += timing.close_s
     return timing
@@ -363,7 +365,7 @@ def measure(fresh, provider, n: int, tokens: int, rounds: int) -> dict:
     for r in range(rounds):
         meter = Meter()
         hooks = HookSet([meter.timed(h) for h in [*request.HOOKS, rpc_hook]
-                         if h.name not in skipped and h.name != "request.flush"])
+                         if h.name not in skipped and h.name != "request.flush"], STATE)
         for mode in (("plain", "full") if r % 2 == 0 else ("full", "plain")):
             if mode == "full":
                 hooks.apply()
@@ -446,13 +448,14 @@ def main() -> None:
         raise SystemExit(f"--tokens {args.tokens!r}: output lengths, e.g. 16,256") from None
     if not lengths or min(lengths) < 1 or args.requests < 1 or args.rounds < 1:
         raise SystemExit("--tokens, --requests and --rounds: at least 1")
-    global TRACED, IN_FLIGHT, evict
+    global TRACED, IN_FLIGHT, STATE, evict
     TRACED, IN_FLIGHT = args.traced, args.in_flight
     evict = _Evictor() if args.caches == "cold" else None
 
     provider = install_providers()
+    STATE = ProcessState(config.current, all_parts())
     fresh = build(str(ensure_tiny_model()), args.requests)
-    hooks = HookSet(list(request.HOOKS))
+    hooks = HookSet(list(request.HOOKS), STATE)
     run_batch(fresh, args.requests, 16, seed=0)  # warm both paths' caches
     hooks.apply()
     run_batch(fresh, args.requests, 16, seed=1)

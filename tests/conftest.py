@@ -27,6 +27,7 @@ from otel_ttft.tools.sink.child import ReceiverProcess
 from otel_ttft.tools.sink.receiver import OTLPReceiver
 from otel_ttft.tools.sink.store import SpanStore
 from tests.otel_memory import memory_exporter
+from tests.request_engine import process_state
 
 VLLM_MARKERS = ("vllm_import", "vllm")
 
@@ -118,17 +119,16 @@ def exporter() -> InMemorySpanExporter:
 
 
 @pytest.fixture
-def hooks() -> Iterator[Callable[..., None]]:
-    """``hooks(*selected)`` applies these hooks for the test; removed after it."""
-    from otel_ttft.runtime.hooks import all_parts
-    from otel_ttft.runtime.state import ProcessState
-
+def hooks() -> Iterator[Callable[..., Any]]:
+    """``hooks(*selected)`` applies these hooks for the test, each with its part of a fresh
+    process state; returns that state. Removed, and the state closed, after the test."""
     applied: list[HookSet] = []
 
-    def apply(*selected: Any) -> None:
-        hook_set = HookSet(list(selected), ProcessState(config.current, all_parts()))
+    def apply(*selected: Any) -> Any:
+        hook_set = HookSet(list(selected), process_state())
         hook_set.apply()
         applied.append(hook_set)
+        return hook_set.state
 
     yield apply
     for hook_set in applied:
@@ -142,7 +142,6 @@ def telemetry() -> Iterator[Callable[..., tuple]]:
     handed to the hooks the way ``instrument(tracer_provider=..., meter_provider=...)`` does, with
     these ``Config`` settings (default: every request's span); returns (span exporter, metric
     reader, tracer provider). Everything is put back after the test."""
-    from otel_ttft.runtime.hooks.request import metrics as request_metrics
 
     def make(**settings: Any) -> tuple:
         settings.setdefault("request_detail", semconv.DETAIL_SPANS)
@@ -154,32 +153,38 @@ def telemetry() -> Iterator[Callable[..., tuple]]:
         config.configure(config.Config(tracer_provider=tracer_provider,
                                        meter_provider=meter_provider, **settings))
         spans.use_tracer_provider(tracer_provider)
-        request_metrics.reset()
-        request_metrics.forget()
         return exporter, reader, tracer_provider
 
     yield make
     config.configure(config.Config())
     spans.use_tracer_provider(None)
-    request_metrics.reset()
-    request_metrics.forget()
 
 
 @pytest.fixture
-def api_telemetry(telemetry: Callable[..., tuple]) -> Iterator[tuple]:
-    """``telemetry()`` with the API server's request hooks applied: (span exporter, reader)."""
+def request_parts() -> dict[str, Any]:
+    """The request path's parts of the state ``api_telemetry`` built (``request.api``...)."""
+    return {}
+
+
+@pytest.fixture
+def api_telemetry(telemetry: Callable[..., tuple], request_parts: dict[str, Any]
+                  ) -> Iterator[tuple]:
+    """``telemetry()`` with the API server's request hooks applied, handed the parts of a fresh
+    process state (in ``request_parts``): (span exporter, reader)."""
     from otel_ttft.runtime.hooks import request
 
     exporter, reader, _ = telemetry()
     # Emitted right after the event loop's next turn, not in a batch a second on (tested apart):
     # the tests read what a request emitted as soon as it ended.
     delay, request.settle.EMIT_DELAY_S = request.settle.EMIT_DELAY_S, 0.0
-    hook_set = HookSet([h for h in request.HOOKS if h.process == "api_server"])
+    state = process_state()
+    request_parts.update(state.parts)
+    hook_set = HookSet([h for h in request.HOOKS if h.process == "api_server"], state)
     hook_set.apply()
     yield exporter, reader
     hook_set.remove()
+    state.close()
     request.settle.EMIT_DELAY_S = delay
-    request.state.book.clear()
 
 
 @pytest.fixture

@@ -6,8 +6,23 @@ the engine core client and ``add_request``'s input processing stood in for; the 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from otel_ttft import semconv
+from otel_ttft.runtime import config
+
+
+def process_state() -> Any:
+    """A process's state as ``_instrument`` builds it, from the config in force."""
+    from otel_ttft.runtime.hooks import all_parts
+    from otel_ttft.runtime.state import ProcessState
+
+    return ProcessState(config.current, all_parts())
+
+
+def api_part() -> Any:
+    """The API server's request part (``request.api``) of such a state."""
+    return process_state().part("request.api")
 
 
 class EngineCoreClient:

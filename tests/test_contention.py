@@ -13,7 +13,12 @@ from otel_ttft import semconv
 from otel_ttft.diagnosis import rule, thresholds
 from otel_ttft.runtime.hooks.request import engine, worker
 from otel_ttft.runtime.hooks.request.attributes import named_waits, step_evidence
-from otel_ttft.runtime.hooks.request.payload import EnginePayload, EngineWait, StepTime
+from otel_ttft.runtime.hooks.request.payload import (
+    EnginePayload,
+    EngineWait,
+    PrefillStep,
+    StepTime,
+)
 from otel_ttft.runtime.hooks.request.runqueue import RunQueueClock
 from otel_ttft.runtime.hooks.request.spans import wait_spans
 
@@ -23,13 +28,23 @@ CPU = SimpleNamespace(device=SimpleNamespace(type="cpu"))
 PAUSE_S = 0.05  # the stand-in step sleeps: wall time its thread does not run
 
 
+part: worker.WorkerSteps
+core: engine.EngineRequests
+
+
 @pytest.fixture(autouse=True)
-def _fresh_worker(monkeypatch):
-    monkeypatch.setattr(worker, "steps", [])
-    monkeypatch.setattr(worker, "_prefilling", {})
-    monkeypatch.setattr(worker, "_open", None)
-    monkeypatch.setattr(worker, "_cpu_worker", None)
-    monkeypatch.setattr(engine, "_state", {})
+def _fresh_parts():
+    """A fresh worker part (``part``) and EngineCore part (``core``) for each test."""
+    global part, core
+    part, core = worker.WorkerSteps(), engine.EngineRequests()
+    yield
+    part.close()
+    core.close()
+
+
+def _taken():
+    """The steps the worker timed, taken (what its next output would carry)."""
+    return worker._take(part.steps) or None
 
 
 def _output(new: dict[str, tuple[int, int]] | None = None, cached: dict[str, int] | None = None,
@@ -58,41 +73,41 @@ def _pause(*args, **kwargs):
 
 def _step(so, instance=CPU) -> None:
     """One engine step as EngineCore drives a worker: execute_model, then sample_tokens."""
-    worker.wrap_execute_model(lambda *a, **k: None, instance, (so,), {})
-    worker.wrap_sample_tokens(_pause, instance, (None,), {})
+    worker.wrap_execute_model(part, lambda *a, **k: None, instance, (so,), {})
+    worker.wrap_sample_tokens(part, _pause, instance, (None,), {})
 
 
 def test_a_chunked_prefill_is_timed_step_by_step_and_a_decode_step_is_not():
     _step(_output(new={"a": (100, 60)}))
     _step(_output(cached={"a": 40}))  # its last chunk
     _step(_output(cached={"a": 1}))  # decode: nothing prefills
-    timed = worker.take_local_steps()
+    timed = _taken()
     assert [s.request_ids for s in timed] == [["a"], ["a"]]
     for s in timed:
         assert s.time.wall >= PAUSE_S
         assert s.time.start < s.time.end
         assert thresholds.waited(s.time.wall, s.time.wall - s.time.cpu)  # asleep: no CPU
-    assert worker.take_local_steps() is None
+    assert _taken() is None
 
 
 def test_steps_of_a_gpu_worker_and_finished_requests_are_not_timed():
     _step(_output(new={"a": (10, 10)}), instance=SimpleNamespace(device=SimpleNamespace(
         type="cuda")))
-    assert worker.take_local_steps() is None
-    worker._cpu_worker = None
+    assert _taken() is None
+    part.cpu_worker = None
     _step(_output(new={"b": (100, 50)}))
     _step(_output(finished={"b"}))  # aborted mid-prefill: forgotten, nothing timed
-    assert [s.request_ids for s in worker.take_local_steps()] == [["b"]]
-    assert not worker._prefilling
+    assert [s.request_ids for s in _taken()] == [["b"]]
+    assert not part.prefilling
 
 
 def test_engine_charges_a_step_to_the_requests_it_prefilled_while_they_wait():
-    engine._state.update({"a": EnginePayload(1.0, 0, 0, 1, 2),
+    core.noted.update({"a": EnginePayload(1.0, 0, 0, 1, 2),
                           "b": EnginePayload(1.0, 0, 0, 1, 2)})
     step = StepTime(2.0, 3.1, wall=1.1, cpu=0.01)
-    engine._charge_steps([worker.PrefillStep(step, ["a", "gone"])])
-    assert engine._state["a"].steps == [step]
-    assert engine._state["b"].steps == []
+    core.charge_steps([PrefillStep(step, ["a", "gone"])])
+    assert core.noted["a"].steps == [step]
+    assert core.noted["b"].steps == []
 
 
 def test_a_wait_is_named_under_its_step_with_its_evidence_and_jitter_is_not():
@@ -214,14 +229,29 @@ def test_the_run_queue_clock_reads_this_threads_wait_and_follows_the_thread():
 
 
 def test_engine_charges_its_own_wait_to_the_requests_the_step_ran(monkeypatch):
-    monkeypatch.setattr(engine, "_state", {"a": EnginePayload(1.0, 0, 0, 1, 2),
-                                           "b": EnginePayload(1.0, 0, 0, 1, 2)})
+    core.noted.update({"a": EnginePayload(1.0, 0, 0, 1, 2),
+                       "b": EnginePayload(1.0, 0, 0, 1, 2)})
     scheduled = SimpleNamespace(num_scheduled_tokens={"a": 5, "gone": 3})
-    now = engine._run_queue_mark()
+    now = core.run_queue_mark()
     if now is None:
         pytest.skip("no /proc/thread-self/schedstat on this kernel")
-    mark = engine._charge_engine_wait((now[0] - 1.0, now[1] - 0.5), scheduled)
-    (wait,) = engine._state["a"].engine_waits
+    mark = core.charge_engine_wait((now[0] - 1.0, now[1] - 0.5), scheduled)
+    (wait,) = core.noted["a"].engine_waits
     assert wait.queued >= 0.5 and wait.end - wait.start >= 1.0
-    assert engine._state["b"].engine_waits == []
+    assert core.noted["b"].engine_waits == []
     assert mark is not None and mark[0] >= wait.end
+
+
+def test_closing_the_parts_closes_their_run_queue_files():
+    """``_uninstrument`` closes the state: the ``/proc`` descriptors the clocks hold go with it."""
+    import os
+
+    if core.run_queue.seconds() is None or part.run_queue.seconds() is None:
+        pytest.skip("no /proc/thread-self/schedstat on this kernel")
+    fds = [*core.run_queue._fds, *part.run_queue._fds]
+    assert fds
+    core.close()
+    part.close()
+    for fd in fds:
+        with pytest.raises(OSError):
+            os.fstat(fd)

@@ -134,19 +134,20 @@ def _config():
 
 
 @pytest.fixture
-def prefill_step(monkeypatch):
-    """The worker is inside a step that starts requests ``a`` and ``b`` (vLLM's real
-    ``SchedulerOutput``); what it noted is collected fresh."""
+def prefill_step():
+    """A step that starts requests ``a`` and ``b`` (vLLM's real ``SchedulerOutput``)."""
     from vllm.v1.core.sched.output import SchedulerOutput
-
-    from otel_ttft.runtime.hooks.request import graphs, worker
 
     step = SchedulerOutput.make_empty()
     step.scheduled_new_reqs = [type("New", (), {"req_id": rid})() for rid in ("a", "b")]
-    monkeypatch.setattr(worker, "_last_step", step)
-    monkeypatch.setattr(worker, "pending", [])
-    monkeypatch.setattr(graphs, "_noted_step", None)
     return step
+
+
+def _in_step(hooks, step, *names):
+    """These request hooks applied; the worker (its part returned) is inside ``step``."""
+    part = hooks(*[_request_hook(n) for n in names]).part("request.worker")
+    part.last_step = step
+    return part
 
 
 def test_a_prefill_step_outside_the_captured_graphs_is_noted_as_eager(hooks, prefill_step):
@@ -155,9 +156,9 @@ def test_a_prefill_step_outside_the_captured_graphs_is_noted_as_eager(hooks, pre
     from vllm.config import CUDAGraphMode
     from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
 
-    from otel_ttft.runtime.hooks.request import engine, payload, worker
+    from otel_ttft.runtime.hooks.request import engine, payload
 
-    hooks(_request_hook("request.graph_dispatch"))
+    part = _in_step(hooks, prefill_step, "request.graph_dispatch")
     config = _config()
     config.compilation_config.cudagraph_capture_sizes = [1, 2, 4, 8, 16]
     config.compilation_config.max_cudagraph_capture_size = 16
@@ -167,38 +168,35 @@ def test_a_prefill_step_outside_the_captured_graphs_is_noted_as_eager(hooks, pre
     mode, _ = dispatcher.dispatch(100)
     assert mode == CUDAGraphMode.NONE  # vLLM's own decision, unchanged
     dispatcher.dispatch(8)  # a second dispatch in the same step: the first one stands
-    (note,) = worker.pending
+    (note,) = part.notes
     assert note == payload.GraphDispatch(payload.GraphChoice("NONE", 100, 16), ["a", "b"])
 
     # EngineCore hands it to the requests the step started, and they carry it to the API.
     states = {rid: payload.EnginePayload(1.0, 0, 0, 1, 2) for rid in ("a", "b", "c")}
-    engine._state.update(states)
-    try:
-        engine._charge_warmup([note])
-        assert states["a"].graph == states["b"].graph == payload.GraphChoice("NONE", 100, 16)
-        assert states["c"].graph is None
-        assert payload.decode(payload.encode(states["a"])).graph == states["a"].graph
-    finally:
-        for rid in states:
-            engine._state.pop(rid, None)
+    core = engine.EngineRequests()
+    core.noted.update(states)
+    core.charge_notes([note])
+    assert states["a"].graph == states["b"].graph == payload.GraphChoice("NONE", 100, 16)
+    assert states["c"].graph is None
+    assert payload.decode(payload.encode(states["a"])).graph == states["a"].graph
 
 
 def test_a_prefill_step_inside_the_captured_graphs_is_noted_with_its_mode(hooks, prefill_step):
     from vllm.config import CUDAGraphMode
     from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
 
-    from otel_ttft.runtime.hooks.request import payload, worker
+    from otel_ttft.runtime.hooks.request import payload
 
-    hooks(_request_hook("request.graph_dispatch"))
+    part = _in_step(hooks, prefill_step, "request.graph_dispatch")
     config = _config()
     config.compilation_config.cudagraph_capture_sizes = [1, 2, 4, 8, 16]
     config.compilation_config.max_cudagraph_capture_size = 16
     dispatcher = CudagraphDispatcher(config)
     uninitialized = dispatcher.dispatch(8)  # no graphs captured yet: nothing to note
-    assert uninitialized[0] == CUDAGraphMode.NONE and worker.pending == []
+    assert uninitialized[0] == CUDAGraphMode.NONE and part.notes == []
     dispatcher.initialize_cudagraph_keys(CUDAGraphMode.PIECEWISE, 1)
     assert dispatcher.dispatch(8)[0] == CUDAGraphMode.PIECEWISE
-    (note,) = worker.pending
+    (note,) = part.notes
     assert note.choice == payload.GraphChoice("PIECEWISE", 8, 16)
 
 
@@ -209,21 +207,21 @@ def test_model_runner_v2s_graph_decision_is_noted(hooks, prefill_step):
     from vllm.config import CUDAGraphMode
     from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor, CudaGraphManager
 
-    from otel_ttft.runtime.hooks.request import payload, worker
+    from otel_ttft.runtime.hooks.request import payload
 
-    hooks(_request_hook("request.graph_dispatch_v2"))
+    part = _in_step(hooks, prefill_step, "request.graph_dispatch_v2")
     manager = object.__new__(CudaGraphManager)
     manager.graphs, manager._candidates, manager._graphs_captured = {}, {}, False
     manager._lora_dispatch_map = {}
     assert manager.dispatch(2, 100, None, 0).cg_mode == CUDAGraphMode.NONE
-    assert worker.pending == []  # nothing captured: an eager server, nothing to say
+    assert part.notes == []  # nothing captured: an eager server, nothing to say
     desc = BatchExecutionDescriptor(cg_mode=CUDAGraphMode.PIECEWISE, num_tokens=8,
                                     num_reqs=None)
     manager.graphs[desc] = object()
     manager._candidates[(8, 0)] = [desc]
     manager._graphs_captured = True
     assert manager.dispatch(2, 100, None, 0).cg_mode == CUDAGraphMode.NONE
-    (note,) = worker.pending
+    (note,) = part.notes
     assert (note.choice, note.request_ids) == (payload.GraphChoice("NONE", 100, 8), ["a", "b"])
 
 
@@ -231,41 +229,50 @@ def _compiled_here(x):
     return (x * 2).sum(-1)
 
 
-def test_a_compile_and_a_recompile_inside_a_step_are_noted_with_what_compiled(hooks,
-                                                                              prefill_step):
-    """torch's real Dynamo, its compile callbacks hooked: a function compiled inside a step is
-    noted with its frame and the step's shape; the same function for a shape it had not seen
-    is a recompile (Dynamo's attempt number). Before any step (start-up) nothing is noted."""
+def test_a_compile_and_a_recompile_inside_a_step_are_noted_with_what_compiled(prefill_step):
+    """torch's real Dynamo, our callbacks registered through its public handler at the worker's
+    first step: a function compiled inside a step is noted with the step's shape, and named
+    (Dynamo's record of its compiles) when shipped; the same function for a shape it had not
+    seen is a recompile (Dynamo's attempt number). Closed, the callbacks are gone."""
     import torch
+    from torch._dynamo.callback import callback_handler
 
     from otel_ttft.runtime.hooks.request import payload, worker
 
-    hooks(_request_hook("request.step_compile_start"), _request_hook("request.step_compile_end"))
-    torch._dynamo.reset()
-    fn = torch.compile(_compiled_here, backend="eager", dynamic=False)
-    fn(torch.ones(2, 3))
-    first, = worker.pending
-    assert isinstance(first, payload.CompileTime)
-    assert first.frame == "test_gpu_paths.py:_compiled_here"
-    assert (first.recompile, first.model_graph) == (False, False)
-    assert (first.step_tokens, first.step_requests) == (0, 0)  # the empty step's shape
-    assert first.end >= first.start
-    fn(torch.ones(5, 3))  # a shape Dynamo had not seen: a guard fails, the frame compiles again
-    _, again = worker.pending
-    assert again.frame == first.frame and again.recompile is True
-    worker.pending.clear()
-    fn(torch.ones(5, 3))  # compiled for that shape: nothing
-    assert worker.pending == []
+    torch._dynamo.reset()  # (which drops every callback: vLLM never calls it)
+    part = worker.WorkerSteps()
+    wrap = worker.wrap_execute_model
+    wrap(part, lambda *a: None, type("W", (), {"device": None})(), (prefill_step,), {})
+    assert part.last_step is prefill_step
+    try:
+        fn = torch.compile(_compiled_here, backend="eager", dynamic=False)
+        fn(torch.ones(2, 3))
+        first, = worker._named(part.notes)
+        assert isinstance(first, payload.CompileTime)
+        assert first.frame == "test_gpu_paths.py:_compiled_here"
+        assert (first.recompile, first.model_graph) == (False, False)
+        assert (first.step_tokens, first.step_requests) == (0, 0)  # the empty step's shape
+        assert first.end >= first.start
+        fn(torch.ones(5, 3))  # a shape Dynamo had not seen: a guard fails, it compiles again
+        _, again = worker._named(part.notes)
+        assert again.frame == first.frame and again.recompile is True
+        part.notes.clear()
+        fn(torch.ones(5, 3))  # compiled for that shape: nothing
+        assert part.notes == []
+    finally:
+        part.close()
+    assert part._compile_started not in callback_handler.start_callbacks
+    assert part._compile_ended not in callback_handler.end_callbacks
 
 
-def test_compiles_before_the_first_step_are_start_ups_not_a_requests(hooks, monkeypatch):
+def test_compiles_before_the_first_step_are_start_ups_not_a_requests():
     import torch
+    from torch._dynamo.callback import callback_handler
 
     from otel_ttft.runtime.hooks.request import worker
 
-    monkeypatch.setattr(worker, "_last_step", None)
-    monkeypatch.setattr(worker, "pending", [])
-    hooks(_request_hook("request.step_compile_start"), _request_hook("request.step_compile_end"))
+    part = worker.WorkerSteps()
+    before = list(callback_handler.start_callbacks)
     torch._dynamo.reset()
     torch.compile(_compiled_here, backend="eager")(torch.ones(2, 3))
-    assert worker.pending == []
+    assert part.notes == [] and callback_handler.start_callbacks == before  # none registered

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import replace
 
 import pytest
 
 from otel_ttft import semconv
-from otel_ttft.runtime import clock, config
+from otel_ttft.runtime import clock
 from otel_ttft.runtime.hooks import request
 from tests.request_engine import Engine, params, request_span
 
@@ -102,21 +101,22 @@ def _metrics(reader):
     return [m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics]
 
 
-def test_stream_read_to_its_end_is_emitted_once_the_caller_took_the_final_output(engine,
-                                                                                 api_telemetry):
+def test_stream_read_to_its_end_is_emitted_once_the_caller_took_the_final_output(
+        engine, api_telemetry, request_parts):
     """No wrapper around ``generate``: the record waits until its final output left the queue."""
+    api = request_parts["request.api"]
     exporter, _ = api_telemetry
 
     async def scenario():
         agen = await _first_output(engine, "cmpl-end-1", max_tokens=2)
         engine.step("cmpl-end-1", 22, finish=True)
-        assert "cmpl-end-1" in request.state.book.settling  # finished, output not yet taken
+        assert "cmpl-end-1" in api.book.settling  # finished, output not yet taken
         await asyncio.sleep(0)  # the loop runs our look: the output is still in the queue
         assert not [s for s in exporter.get_finished_spans() if s.name == semconv.SPAN_REQUEST]
         rest = [out async for out in agen]
         assert [o.finished for o in rest] == [True]
         await asyncio.sleep(0.2)  # the retry look finds the queue empty
-        assert not request.state.book.settling
+        assert not api.book.settling
 
     asyncio.run(scenario())
     attrs = request_span(exporter).attributes
@@ -126,20 +126,21 @@ def test_stream_read_to_its_end_is_emitted_once_the_caller_took_the_final_output
 
 
 def test_finished_requests_are_emitted_in_one_batch_each_span_ending_when_its_request_did(
-        engine, api_telemetry, monkeypatch):
+        engine, api_telemetry, request_parts, monkeypatch):
     """In a busy server one request's emission runs with cold caches (about twenty times the
     same code run back to back): finished requests wait ``EMIT_DELAY_S`` and go out together,
     each span still ending when its request ended, not when it was emitted."""
+    api = request_parts["request.api"]
     exporter, _ = api_telemetry
     monkeypatch.setattr(request.settle, "EMIT_DELAY_S", 0.3)
     looks: list[list[str]] = []
-    settle = request.settle.settle
+    settle = api.settler.settle
 
     def look(*args):
-        looks.append(sorted(request.state.book.settling))
+        looks.append(sorted(api.book.settling))
         settle(*args)
 
-    monkeypatch.setattr(request.settle, "settle", look)
+    monkeypatch.setattr(api.settler, "settle", look)
     ended: dict[str, int] = {}
 
     def spans():
@@ -155,7 +156,7 @@ def test_finished_requests_are_emitted_in_one_batch_each_span_ending_when_its_re
             await asyncio.sleep(0.05)
         assert not spans()  # both finished and taken by their callers; none emitted yet
         await asyncio.sleep(0.4)
-        assert not request.state.book.settling
+        assert not api.book.settling
 
     asyncio.run(scenario())
     assert looks == [["cmpl-batch-1", "cmpl-batch-2"]]  # one look emitted both
@@ -168,7 +169,9 @@ def test_finished_requests_are_emitted_in_one_batch_each_span_ending_when_its_re
 
 
 def test_caller_that_stops_reading_is_emitted_as_finished_after_the_give_up(engine, api_telemetry,
+                                                                            request_parts,
                                                                              monkeypatch):
+    api = request_parts["request.api"]
     exporter, _ = api_telemetry
     monkeypatch.setattr(request.settle, "_SETTLE_GIVE_UP_S", 0.1)
 
@@ -176,7 +179,7 @@ def test_caller_that_stops_reading_is_emitted_as_finished_after_the_give_up(engi
         agen = await _first_output(engine, "cmpl-idle-1", max_tokens=2)
         engine.step("cmpl-idle-1", 22, finish=True)
         await asyncio.sleep(0.4)  # nobody reads: retries every 50 ms, then given up
-        assert not request.state.book.settling
+        assert not api.book.settling
         await agen.aclose()  # leaving later changes nothing: it was reported
 
     asyncio.run(scenario())
@@ -185,10 +188,11 @@ def test_caller_that_stops_reading_is_emitted_as_finished_after_the_give_up(engi
     assert attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("length",)
 
 
-def test_request_still_settling_at_exit_is_emitted_before_the_final_flush(engine,
-                                                                          api_telemetry):
+def test_request_still_settling_at_exit_is_emitted_before_the_final_flush(
+        engine, api_telemetry, request_parts):
     """A process that exits while a finished request's final output waits in its queue: the
     exit path (``bounded_export``'s callbacks before the final flush) emits it, not loses it."""
+    api = request_parts["request.api"]
     from otel_ttft.runtime.telemetry import bounded_export
 
     exporter, _ = api_telemetry
@@ -199,11 +203,11 @@ def test_request_still_settling_at_exit_is_emitted_before_the_final_flush(engine
     async def scenario():
         agen = await _first_output(engine, "cmpl-exit-1", max_tokens=2)
         engine.step("cmpl-exit-1", 22, finish=True)
-        assert "cmpl-exit-1" in request.state.book.settling  # nobody took the final output yet
+        assert "cmpl-exit-1" in api.book.settling  # nobody took the final output yet
         assert not request_spans()
-        assert request.settle._settle_at_exit in bounded_export._Exit.callbacks
-        request.settle._settle_at_exit()  # what the exit path runs before the final flush
-        assert not request.state.book.settling
+        assert api.settler.at_exit in bounded_export._Exit.callbacks
+        api.settler.at_exit()  # what the exit path runs before the final flush
+        assert not api.book.settling
         assert len(request_spans()) == 1
         await agen.aclose()  # leaving afterwards adds nothing
 
@@ -213,10 +217,11 @@ def test_request_still_settling_at_exit_is_emitted_before_the_final_flush(engine
     assert attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("length",)
 
 
-def test_captured_output_text_comes_from_what_generate_handed_over(engine, api_telemetry):
+def test_captured_output_text_comes_from_what_generate_handed_over(engine, api_telemetry,
+                                                                   request_parts):
     """Content capture (opt-in) is the one case ``generate`` is wrapped: the text per choice."""
     exporter, _ = api_telemetry
-    config.configure(replace(config.current, capture_content=True))
+    request_parts["request.api"].capture = True  # as a part made with capture on
 
     handed_over = []
 
@@ -240,8 +245,10 @@ def test_captured_output_text_comes_from_what_generate_handed_over(engine, api_t
     assert "hello" in attrs[semconv.GEN_AI_INPUT_MESSAGES]
 
 
-def test_stop_string_found_by_the_detokenizer_ends_the_request(engine, api_telemetry):
+def test_stop_string_found_by_the_detokenizer_ends_the_request(engine, api_telemetry,
+                                                               request_parts):
     """vLLM's detokenizer stops the request (``reqs_to_abort``) although the engine did not."""
+    api = request_parts["request.api"]
     from vllm.sampling_params import RequestOutputKind, SamplingParams
 
     exporter, _ = api_telemetry
@@ -265,6 +272,6 @@ def test_stop_string_found_by_the_detokenizer_ends_the_request(engine, api_telem
     assert attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("stop",)
     assert semconv.ATTR_REQUEST_ABORTED not in attrs
     assert attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 3
-    assert not request.state.book.live
+    assert not api.book.live
 
 

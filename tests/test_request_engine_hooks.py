@@ -9,7 +9,7 @@ import pytest
 
 from otel_ttft.runtime.hooks import request
 from otel_ttft.runtime.hooks.registry import HookSet
-from otel_ttft.runtime.hooks.request import engine
+from tests.request_engine import process_state
 
 pytestmark = [pytest.mark.vllm_import, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -49,11 +49,15 @@ def _add(scheduler, rid: str) -> None:
 
 @pytest.fixture
 def engine_hooks():
-    hooks = HookSet([h for h in request.HOOKS if h.process == "engine_core"])
+    """EngineCore's request hooks, applied with a fresh state; its ``noted`` requests are
+    ``engine_hooks.noted``."""
+    state = process_state()
+    hooks = HookSet([h for h in request.HOOKS if h.process == "engine_core"], state)
     hooks.apply()
+    hooks.noted = state.part("request.engine").noted
     yield hooks
     hooks.remove()
-    engine._state.clear()
+    state.close()
 
 
 def test_a_scheduler_that_stamps_its_own_events_gets_no_admission_times_of_ours(
@@ -63,7 +67,7 @@ def test_a_scheduler_that_stamps_its_own_events_gets_no_admission_times_of_ours(
     scheduler = _scheduler(tiny_model, log_stats=True)
     _add(scheduler, "r-stats-1")
     scheduler.schedule()
-    assert engine._state["r-stats-1"].schedule == []  # vLLM's own events say it
+    assert engine_hooks.noted["r-stats-1"].schedule == []  # vLLM's own events say it
     assert scheduler.schedule().total_num_scheduled_tokens >= 0
     engine_hooks.remove()  # uninstrumented: the same function as before
     assert scheduler.schedule.__func__ is Scheduler.schedule
@@ -76,7 +80,7 @@ def test_a_scheduler_without_stats_keeps_the_hook_and_gets_its_admission_times(
     before = time.monotonic()
     scheduler.schedule()
     scheduler.schedule()
-    (kind, at), = engine._state["r-nostats-1"].schedule
+    (kind, at), = engine_hooks.noted["r-nostats-1"].schedule
     assert before <= at <= time.monotonic()
 
 

@@ -11,7 +11,6 @@ import time
 import pytest
 
 from otel_ttft import semconv
-from otel_ttft.runtime.hooks.request.state import book
 from tests.request_engine import Engine, params, request_span
 
 pytestmark = [pytest.mark.vllm_import, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -30,17 +29,18 @@ async def _drain(agen) -> list:
     return [out async for out in agen]
 
 
-def test_steps_after_the_second_token_leave_the_request_alone(engine, api_telemetry):
+def test_steps_after_the_second_token_leave_the_request_alone(engine, api_telemetry, request_parts):
+    api = request_parts["request.api"]
     exporter, _ = api_telemetry
 
     async def scenario():
         agen = engine.llm.generate("hello", params(6), "cmpl-quiet-1")
         reader = asyncio.ensure_future(_drain(agen))
         await asyncio.sleep(0)  # generate's first step: add_request
-        assert "cmpl-quiet-1" in book.fresh
+        assert "cmpl-quiet-1" in api.book.fresh
         engine.step("cmpl-quiet-1", 21, first=True)
         engine.step("cmpl-quiet-1", 22)  # its second token: nothing left to look at
-        assert "cmpl-quiet-1" not in book.fresh
+        assert "cmpl-quiet-1" not in api.book.fresh
         for token in (23, 24, 25):
             engine.step("cmpl-quiet-1", token)
         engine.step("cmpl-quiet-1", 26, finish=True)
@@ -55,7 +55,7 @@ def test_steps_after_the_second_token_leave_the_request_alone(engine, api_teleme
     assert attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 6
     assert attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("length",)
     assert attrs[semconv.REQUEST_STAGE_SECONDS[semconv.STAGE_FIRST_DECODE]] >= 0
-    assert not book.live and not book.fresh
+    assert not api.book.live and not api.book.fresh
 
 
 def _two_requests(engine: Engine, check) -> None:
@@ -91,20 +91,23 @@ def _request_spans(exporter) -> dict:
     return spans
 
 
-def test_two_requests_are_each_measured_from_their_own_first_outputs(engine, api_telemetry):
+def test_two_requests_are_each_measured_from_their_own_first_outputs(engine, api_telemetry,
+                                                                     request_parts):
+    api = request_parts["request.api"]
     exporter, _ = api_telemetry
 
     def check(moment: str) -> None:
-        assert ("cmpl-b" in book.fresh) is (moment != "second")
-        assert "cmpl-a" not in book.fresh
+        assert ("cmpl-b" in api.book.fresh) is (moment != "second")
+        assert "cmpl-a" not in api.book.fresh
 
     _two_requests(engine, check)
     spans = _request_spans(exporter)
     assert spans["cmpl-b"].attributes[semconv.ATTR_REQUEST_SCHEDULE_KNOWN] is True
-    assert not book.live and not book.fresh
+    assert not api.book.live and not api.book.fresh
 
 
-def test_a_request_that_ends_at_its_first_token(engine, api_telemetry):
+def test_a_request_that_ends_at_its_first_token(engine, api_telemetry, request_parts):
+    api = request_parts["request.api"]
     exporter, _ = api_telemetry
 
     async def scenario():
@@ -118,11 +121,13 @@ def test_a_request_that_ends_at_its_first_token(engine, api_telemetry):
     attrs = request_span(exporter).attributes
     assert attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 1
     assert attrs[semconv.ATTR_REQUEST_TTFT] > 0
-    assert not book.live and not book.fresh
+    assert not api.book.live and not api.book.fresh
 
 
-def test_a_stop_string_found_in_a_quiet_step_ends_the_request_as_stopped(engine, api_telemetry):
+def test_a_stop_string_found_in_a_quiet_step_ends_the_request_as_stopped(engine, api_telemetry,
+                                                                         request_parts):
     """The detokenizer ends it; EngineCore's output does not say so (vLLM aborts it there)."""
+    api = request_parts["request.api"]
     from vllm.sampling_params import RequestOutputKind, SamplingParams
 
     exporter, _ = api_telemetry
@@ -144,7 +149,7 @@ def test_a_stop_string_found_in_a_quiet_step_ends_the_request_as_stopped(engine,
     asyncio.run(scenario())
     attrs = request_span(exporter).attributes
     assert attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("stop",)
-    assert not book.live
+    assert not api.book.live
 
 
 def test_preemptions_after_the_first_tokens_are_counted_from_vllms_stats(engine, api_telemetry):

@@ -16,10 +16,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from otel_ttft import semconv
 from otel_ttft.runtime import config, environment_variables
 from otel_ttft.runtime.hooks.request import metrics as request_metrics
-from otel_ttft.runtime.hooks.request import spans as request_spans
 from otel_ttft.runtime.hooks.request.flush import FirstChunk
 from otel_ttft.runtime.hooks.request.state import RequestRecord
 from otel_ttft.runtime.hooks.request.timeline import SCHEDULED
+from tests.request_engine import api_part
 
 
 def _points(data, name):
@@ -44,9 +44,10 @@ def _record(ext_id="cmpl-1", capture=False):
 
 def test_gauges_report_the_latest_arrival_per_model(telemetry):
     _, reader, _ = telemetry()
-    request_metrics.record_request(0.1, {}, "a", False, waiting=3, kv_usage=0.25)
-    request_metrics.record_request(0.1, {}, "a", False, waiting=5, kv_usage=0.5)
-    request_metrics.record_request(0.1, {}, "b", False, waiting=1, kv_usage=None)
+    record = api_part().emitter.metrics.record
+    record(0.1, {}, "a", False, waiting=3, kv_usage=0.25)
+    record(0.1, {}, "a", False, waiting=5, kv_usage=0.5)
+    record(0.1, {}, "b", False, waiting=1, kv_usage=None)
     data = reader.get_metrics_data()
     waiting = {p.attributes[semconv.GEN_AI_REQUEST_MODEL]: p.value
                for p in _points(data, semconv.METRIC_REQUEST_ARRIVAL_WAITING)}
@@ -58,12 +59,13 @@ def test_gauges_report_the_latest_arrival_per_model(telemetry):
 
 def test_ttft_sample_carries_an_exemplar_and_stage_time_sums_per_stage(telemetry):
     _, reader, tracer_provider = telemetry()
+    record = api_part().emitter.metrics.record
     span = tracer_provider.get_tracer("t").start_span("llm_request")
-    request_metrics.record_request(0.2, {"queue": 0.05, "prefill": 0.15}, "tiny", True, None,
+    record(0.2, {"queue": 0.05, "prefill": 0.15}, "tiny", True, None,
                                    None, context=trace.set_span_in_context(span),
                                    operation=semconv.GEN_AI_OPERATION_CHAT)
     span.end()
-    request_metrics.record_request(0.1, {"queue": 0.02, "prefill": 0.08}, "tiny", True, None,
+    record(0.1, {"queue": 0.02, "prefill": 0.08}, "tiny", True, None,
                                    None, context=request_metrics.NO_SPAN,
                                    operation=semconv.GEN_AI_OPERATION_CHAT)
     data = reader.get_metrics_data()
@@ -90,7 +92,7 @@ def test_ttft_sample_carries_an_exemplar_and_stage_time_sums_per_stage(telemetry
 
 def test_no_content_by_default(telemetry):
     exporter, _, _ = telemetry()
-    request_spans.emit_request(_record(), now=100.2)
+    api_part().emitter.emit(_record(), now=100.2)
     (req,) = [s for s in exporter.get_finished_spans() if s.name == semconv.SPAN_REQUEST]
     assert semconv.GEN_AI_INPUT_MESSAGES not in req.attributes
     assert semconv.GEN_AI_OUTPUT_MESSAGES not in req.attributes
@@ -99,7 +101,7 @@ def test_no_content_by_default(telemetry):
 
 def test_content_captured_when_opted_in(telemetry):
     exporter, _, _ = telemetry(capture_content=True)
-    request_spans.emit_request(_record("chatcmpl-9", capture=True), now=100.2)
+    api_part().emitter.emit(_record("chatcmpl-9", capture=True), now=100.2)
     (req,) = [s for s in exporter.get_finished_spans() if s.name == semconv.SPAN_REQUEST]
     (message,) = json.loads(req.attributes[semconv.GEN_AI_INPUT_MESSAGES])
     assert message["parts"][0]["content"] == "a secret prompt"
@@ -153,7 +155,7 @@ def test_instrument_takes_the_providers_and_uninstrument_lets_them_go(monkeypatc
     try:
         monkeypatch.setenv(environment_variables.OTEL_TTFT_COLD_REQUESTS, "9")  # read once: ignored
         assert config.current.cold_requests == 5
-        request_spans.emit_request(_record(), now=100.2)
+        instrumentor._state.part("request.api").emitter.emit(_record(), now=100.2)
     finally:
         instrumentor.uninstrument()
     assert [s.name for s in exporter.get_finished_spans()].count(semconv.SPAN_REQUEST) == 1
@@ -161,3 +163,15 @@ def test_instrument_takes_the_providers_and_uninstrument_lets_them_go(monkeypatc
     assert _points(data, semconv.METRIC_SERVER_TTFT)
     assert config.current == config.Config()
 
+
+
+def test_a_closed_api_part_emits_nothing_at_exit(telemetry):
+    """``bounded_export`` keeps its exit callbacks: a closed part's stays, and does nothing."""
+    exporter, _, _ = telemetry()
+    part = api_part()
+    rec = _record()
+    rec.queue = type("Queue", (), {"output": object()})()  # its caller has not taken it yet
+    part.book.settling[rec.rid] = rec
+    part.close()
+    part.settler.at_exit()
+    assert not exporter.get_finished_spans()

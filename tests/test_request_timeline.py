@@ -10,7 +10,6 @@ import pytest
 from otel_ttft import semconv
 from otel_ttft.runtime import clock
 from otel_ttft.runtime.hooks.request import payload
-from otel_ttft.runtime.hooks.request import spans as request_spans
 from otel_ttft.runtime.hooks.request.flush import FirstChunk
 from otel_ttft.runtime.hooks.request.payload import EnginePayload
 from otel_ttft.runtime.hooks.request.state import RequestRecord
@@ -21,6 +20,7 @@ from otel_ttft.runtime.hooks.request.timeline import (
     stage_totals,
     tile,
 )
+from tests.request_engine import api_part
 
 FRONTEND, QUEUE, PREFILL = semconv.STAGE_FRONTEND, semconv.STAGE_QUEUE, semconv.STAGE_PREFILL
 
@@ -221,7 +221,7 @@ def test_request_tree_through_the_sdk(telemetry):
     exporter, _, _ = telemetry()
     trace_id, span_id = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
     rec = _record({"traceparent": f"00-{trace_id}-{span_id}-01"})
-    request_spans.emit_request(rec, now=100.2)
+    api_part().emitter.emit(rec, now=100.2)
     spans = {s.name: s for s in exporter.get_finished_spans()}
     req = spans[semconv.SPAN_REQUEST]
     assert format(req.context.trace_id, "032x") == trace_id
@@ -252,7 +252,7 @@ def test_request_tree_through_the_sdk(telemetry):
 
 def test_request_without_a_caller_is_a_root_server_span(telemetry):
     exporter, _, _ = telemetry()
-    request_spans.emit_request(_record(None), now=100.2)
+    api_part().emitter.emit(_record(None), now=100.2)
     (req,) = [s for s in exporter.get_finished_spans() if s.name == semconv.SPAN_REQUEST]
     assert req.parent is None
     assert req.kind.name == "SERVER"

@@ -5,68 +5,51 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import sys
 
 import pytest
 
 from otel_ttft import semconv
 from otel_ttft.runtime.hooks import request
-from otel_ttft.runtime.hooks.registry import HookSet
-from otel_ttft.runtime.hooks.request import worker
-from otel_ttft.runtime.hooks.request.payload import CompileTime
+from otel_ttft.runtime.hooks.request.payload import WORKER_NOTES_ATTR, CompileTime
 from tests.request_engine import params, request_span
 
 pytestmark = [pytest.mark.vllm_import, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 
-# --- WorkerProc.enqueue_output: vLLM resolves async outputs itself ------------------------------
+# --- async scheduling: the output vLLM resolves carries the worker's notes ----------------------
 
-class _Queue:
-    def __init__(self):
-        self.items = []
+class _Event:
+    def __init__(self, error):
+        self.error = error
 
-    def enqueue(self, item):
-        self.items.append(item)
-
-
-def _vllm_frame_on_stack() -> bool:
-    return any(f.function == "enqueue_output" and "/vllm/" in f.filename
-               for f in inspect.stack())
+    def synchronize(self):
+        if self.error is not None:
+            raise self.error
 
 
 @pytest.fixture
-def worker_proc():
-    from vllm.v1.executor.multiproc_executor import WorkerProc
+def async_output(hooks):
+    """vLLM's real ``AsyncGPUModelRunnerOutput`` (its copy to the host already done: built
+    bare, the tensors in place), its ``get_output`` hooked; returns (make, the worker part)."""
+    import torch
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.worker.gpu_model_runner import AsyncGPUModelRunnerOutput
 
-    hooks = HookSet([h for h in request.HOOKS if h.name == "request.warmup_ship"])
-    hooks.apply()
-    proc = WorkerProc.__new__(WorkerProc)  # its __init__ starts a worker; this method does not
-    proc.worker_response_mq = _Queue()
-    worker.pending.clear()
-    yield proc
-    hooks.remove()
-    worker.pending.clear()
+    part = hooks(*[h for h in request.HOOKS if h.name == "request.step_output_v1"]
+                 ).part("request.worker")
 
+    def make(error=None):
+        out = object.__new__(AsyncGPUModelRunnerOutput)
+        out._model_runner_output = ModelRunnerOutput(req_ids=["r"], req_id_to_index={"r": 0})
+        out._invalid_req_indices, out.vocab_size = [], 32
+        out.async_copy_ready_event = _Event(error)
+        out._sampled_token_ids = out.sampled_token_ids_cpu = torch.tensor([[5]])
+        out._logprobs_tensors = out._logprobs_tensors_cpu = None
+        out._num_nans = out._num_nans_cpu = out._has_fault = None
+        return out
 
-def _async_output(result):
-    from vllm.v1.outputs import AsyncModelRunnerOutput
-
-    class Output(AsyncModelRunnerOutput):
-        """An async output; ``resolved_in_vllm`` says who resolved it."""
-
-        resolved_in_vllm = None
-
-        def get_output(self):
-            Output.resolved_in_vllm = _vllm_frame_on_stack()
-            if isinstance(result, Exception):
-                raise result
-            return result
-
-        def get_kv_connector_output(self):  # 0.33's method: salvages KV output on failure
-            return None
-
-    return Output()
+    return make, part
 
 
 def _compiled() -> CompileTime:
@@ -74,32 +57,26 @@ def _compiled() -> CompileTime:
                        recompile=False, model_graph=False, step_tokens=6, step_requests=1)
 
 
-def test_pending_warmup_rides_on_the_async_output_vllm_resolves(worker_proc):
-    from vllm.v1.executor.multiproc_executor import WorkerProc
-    from vllm.v1.outputs import ModelRunnerOutput
-
-    worker.pending.append(_compiled())
-    output = _async_output(ModelRunnerOutput(req_ids=["r"], req_id_to_index={"r": 0}))
-    WorkerProc.enqueue_output(worker_proc, output)
-    ((status, sent),) = worker_proc.worker_response_mq.items
-    assert status == WorkerProc.ResponseStatus.SUCCESS
-    assert getattr(sent, worker.WARMUP_ATTR) == [_compiled()]
-    assert type(output).resolved_in_vllm is True
-    assert worker.pending == []
+def test_pending_warmup_rides_on_the_async_output_vllm_resolves(async_output):
+    make, part = async_output
+    part.keep(_compiled())
+    resolved = make().get_output()
+    assert resolved.sampled_token_ids == [[5]]  # vLLM's own resolution, unchanged
+    handed = getattr(resolved, WORKER_NOTES_ATTR)
+    assert handed.notes == [_compiled()] and handed.steps == []
+    assert part.notes == []
+    again = make().get_output()  # nothing pending: nothing handed
+    assert getattr(again, WORKER_NOTES_ATTR, None) is None
 
 
-def test_a_failed_async_output_is_vllms_to_report_and_the_times_wait(worker_proc):
-    """0.33 turns this failure into FAILURE_WITH_KV_OUTPUT when KV output can be salvaged: that
-    path exists only if vLLM, not our wrapper, calls ``get_output``."""
-    from vllm.v1.executor.multiproc_executor import WorkerProc
-
-    worker.pending.append(_compiled())
-    output = _async_output(RuntimeError("device lost"))
-    WorkerProc.enqueue_output(worker_proc, output)
-    ((status, detail),) = worker_proc.worker_response_mq.items
-    assert status == WorkerProc.ResponseStatus.FAILURE and "device lost" in detail
-    assert type(output).resolved_in_vllm is True
-    assert len(worker.pending) == 1  # shipped with the next output that gets through
+def test_a_failed_async_output_is_vllms_to_report_and_the_times_wait(async_output):
+    """0.33 turns this failure into FAILURE_WITH_KV_OUTPUT when KV output can be salvaged: vLLM
+    sees its own exception, unchanged."""
+    make, part = async_output
+    part.keep(_compiled())
+    with pytest.raises(RuntimeError, match="device lost"):
+        make(RuntimeError("device lost")).get_output()
+    assert part.notes == [_compiled()]  # shipped with the next output that gets through
 
 
 # --- EngineCoreOutput.error (0.33): rejected on arrival ------------------------------------------

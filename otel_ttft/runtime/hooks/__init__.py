@@ -30,7 +30,16 @@ def all_parts() -> list[PartSpec]:
     """Every family's state part, in the order they are made (a part may read the ones made
     before it from the state being built); closed in the reverse order."""
     from otel_ttft.runtime import clock, inflight
-    from otel_ttft.runtime.hooks import activation, fault, first_use, load, switch, warmup
+    from otel_ttft.runtime.hooks import (
+        activation,
+        activation_verdict,
+        fault,
+        first_use,
+        load,
+        request,
+        switch,
+        warmup,
+    )
     from otel_ttft.runtime.telemetry import bounded_export
     from otel_ttft.runtime.telemetry import metrics as stage_metrics
 
@@ -40,6 +49,7 @@ def all_parts() -> list[PartSpec]:
         PartSpec(bounded_export.PART, bounded_export.BoundedExit),
         PartSpec(stage_metrics.PART, stage_metrics.StageMetrics),
         PartSpec(inflight.PART, inflight.InflightWatch),
+        PartSpec(activation_verdict.PART, activation_verdict.LiveVerdict),
         PartSpec(activation.PART, activation.ActivationState),
         PartSpec(warmup.PART, warmup.Warmup),
         PartSpec(fault.PART, fault.ChildDeaths),
@@ -47,4 +57,6 @@ def all_parts() -> list[PartSpec]:
         PartSpec(switch.PART, switch.SwitchState),
         # --- load path ---
         *load.PARTS,
+        # --- request path ---
+        *request.PARTS,
     ]

@@ -296,12 +296,6 @@ def resolve(hook: Hook) -> tuple[bool, str]:
     return True, "ok"
 
 
-applied: dict[str, Hook] = {}
-"""Hook name -> the hook applied under it now (the deferred emission reports its failures on
-the finish hook found here)."""
-
-
-
 def spawned_child() -> bool:
     """This process was started by ``multiprocessing``'s spawn (vLLM's EngineCore and workers):
     it is not the API server. Read from the command line, which is set before any plugin runs
@@ -373,7 +367,6 @@ class HookSet:
             try:
                 wrapt.wrap_function_wrapper(parent, attr, guard(hook, self._part(hook)))
                 hook.applied = True
-                applied[hook.name] = hook
             except Exception as exc:  # noqa: BLE001
                 report_failure(hook, exc)
 
@@ -402,8 +395,6 @@ class HookSet:
             if isinstance(current, wrapt.FunctionWrapper):  # the descriptor as it was, a
                 setattr(parent, attr, current.__wrapped__)  # ``staticmethod`` included
             hook.applied = False
-            if applied.get(hook.name) is hook:
-                del applied[hook.name]
         if self._own_state and self.state is not None:
             self.state.close()
             self.state, self._own_state = None, False

@@ -1,5 +1,6 @@
 """The request path's hooks in the API process: the caller's trace headers, the record, its first
-outputs, its end (see the package docstring for the lifecycle)."""
+outputs, its end (see the package docstring for the lifecycle), and the API server's part
+(:class:`ApiRequests`) they are handed."""
 
 from __future__ import annotations
 
@@ -8,13 +9,17 @@ from functools import cache
 from typing import Any
 
 from opentelemetry import context as otel_context
+from opentelemetry import metrics, trace
 
-from otel_ttft.runtime import config
 from otel_ttft.runtime.context import process as this_process
 from otel_ttft.runtime.hooks.registry import Stream
-from otel_ttft.runtime.hooks.request import cold, settle
+from otel_ttft.runtime.hooks.request.cold import ColdCounter
+from otel_ttft.runtime.hooks.request.detail import DetailPolicy
 from otel_ttft.runtime.hooks.request.flush import FLUSH
-from otel_ttft.runtime.hooks.request.state import CALLER_HEADERS, TEXTS, RequestRecord, book
+from otel_ttft.runtime.hooks.request.metrics import RequestMetrics
+from otel_ttft.runtime.hooks.request.settle import Settler
+from otel_ttft.runtime.hooks.request.spans import RequestEmitter
+from otel_ttft.runtime.hooks.request.state import CALLER_HEADERS, TEXTS, RequestRecord, Requests
 
 
 @cache
@@ -25,9 +30,32 @@ def _output_kinds() -> tuple[Any, Any]:
     return K.DELTA, K.FINAL_ONLY
 
 
-def telemetry_on() -> bool:
-    """Whether a tracer or meter provider exists yet: without one, a record would be waste."""
-    return config.tracing_ready() or config.metrics_ready()
+class ApiRequests:
+    """The API server's part (``request.api``): the records (``book``), which requests count as
+    cold, the emitter (tracer, instruments, detail policy) and the settler that emits ended
+    requests. The hooks here and in ``ends`` call their methods."""
+
+    def __init__(self, config: Any, tracer: trace.Tracer, meter: metrics.Meter,
+                 on_failure: Any) -> None:
+        self.config = config
+        self.capture = bool(config.capture_content)
+        self.book = Requests()
+        self.cold = ColdCounter(config.cold_requests)
+        self.emitter = RequestEmitter(tracer, RequestMetrics(meter), DetailPolicy(config))
+        self.settler = Settler(self.book, self.emitter.emit, on_failure)
+
+    def close(self) -> None:
+        self.settler.close()
+        self.emitter.close()
+        self.book.clear()
+
+    def telemetry_on(self) -> bool:
+        """Whether a tracer or meter provider exists yet: without one, a record would be
+        waste."""
+        c = self.config
+        return (c.tracer_provider is not None or c.meter_provider is not None
+                or not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+                or hasattr(metrics.get_meter_provider(), "force_flush"))
 
 
 # --- AsyncLLM.add_request: the caller's trace headers ---------------------------------------------
@@ -53,8 +81,9 @@ class CaptureText(Stream):
         self.delta = delta
 
     @classmethod
-    def open(cls, instance: Any, args: tuple, kwargs: dict) -> CaptureText | None:
-        if not config.current.capture_content or not telemetry_on():
+    def open(cls, part: ApiRequests, instance: Any, args: tuple,  # type: ignore[override]
+             kwargs: dict) -> CaptureText | None:
+        if not part.capture or not part.telemetry_on():
             return None
         params = args[1] if len(args) > 1 else kwargs.get("sampling_params")
         delta, _ = _output_kinds()
@@ -75,20 +104,22 @@ class CaptureText(Stream):
 
 # --- OutputProcessor.add_request: the record ------------------------------------------------------
 
-def wrap_add_request(call: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def wrap_add_request(part: ApiRequests, call: Any, instance: Any, args: tuple,
+                     kwargs: dict) -> Any:
     """Once per request, after vLLM's call; the record starts at vLLM's own arrival time.
     ``AsyncLLM.generate`` calls this in its own task (the HTTP response's): the current context
     holds the server span, if any, and ``FLUSH`` the response that streams the request."""
     result = call(*args, **kwargs)
     request = args[0] if args else kwargs["request"]
     rid = request.request_id
+    book = part.book
     if rid in book.live:  # a streaming-input continuation: vLLM may end the request here
         if rid not in instance.request_states:
-            settle.end(book.forget(rid), time.monotonic())
+            part.settler.end(book.forget(rid), time.monotonic())
         return result
-    if not telemetry_on():
+    if not part.telemetry_on():
         return result
-    act, index, cold_now = cold.count()
+    act, index, cold_now = part.cold.count()
     rec = RequestRecord(rid, request.external_req_id or rid,
                         request.arrival_time + time.monotonic() - time.time(),
                         otel_context.get_current())
@@ -105,7 +136,7 @@ def wrap_add_request(call: Any, instance: Any, args: tuple, kwargs: dict) -> Any
             if getattr(rec.params, "output_kind", final_only) is not final_only:
                 rec.streaming = True
                 rec.flush = FLUSH.get()
-    if config.current.capture_content:
+    if part.capture:
         prompt = args[1] if len(args) > 1 else kwargs.get("prompt")
         rec.prompt = prompt if isinstance(prompt, str) else None
         rec.texts = TEXTS.get()
@@ -116,11 +147,13 @@ def wrap_add_request(call: Any, instance: Any, args: tuple, kwargs: dict) -> Any
 
 # --- OutputProcessor.process_outputs: the first two outputs of each request ----------------------
 
-def wrap_process_outputs(call: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def wrap_process_outputs(part: ApiRequests, call: Any, instance: Any, args: tuple,
+                         kwargs: dict) -> Any:
     """Ahead of vLLM's step, the outputs of the requests still waiting for their first two
     tokens (``fresh``): when the first came, EngineCore's payload, the events, the second
     token's time. A step with no such request costs a dict's truth test. A request the engine
     rejected on arrival (vLLM 0.33's ``EngineCoreOutput.error``) ends in this step."""
+    book = part.book
     fresh = book.fresh
     if not fresh:
         return call(*args, **kwargs)
@@ -145,13 +178,14 @@ def wrap_process_outputs(call: Any, instance: Any, args: tuple, kwargs: dict) ->
     result = call(*args, **kwargs)
     for rec in rejected:  # vLLM let it go without ``_update_stats_from_finished``
         if rec.rid not in instance.request_states:
-            settle.end(book.forget(rec.rid), now)
+            part.settler.end(book.forget(rec.rid), now)
     return result
 
 
 # --- OutputProcessor._update_stats_from_finished: a request ended ---------------------------------
 
-def wrap_finished(call: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def wrap_finished(part: ApiRequests, call: Any, instance: Any, args: tuple,
+                  kwargs: dict) -> Any:
     """vLLM calls ``_update_stats_from_finished`` once per request its outputs ended (a final
     output, or a stop string its detokenizer found), after freeing it. With vLLM's tracing on,
     ``do_tracing`` follows and ends it instead (``ends.wrap_do_tracing``), carrying vLLM's
@@ -159,9 +193,9 @@ def wrap_finished(call: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     result = call(*args, **kwargs)
     if not instance.tracing_enabled:
         req_state = args[0] if args else kwargs["req_state"]
-        rec = book.forget(req_state.request_id)
+        rec = part.book.forget(req_state.request_id)
         if rec is not None:
             if rec.finish is None:
                 rec.finish = args[1] if len(args) > 1 else kwargs.get("finish_reason")
-            settle.end(rec, time.monotonic())
+            part.settler.end(rec, time.monotonic())
     return result

@@ -10,7 +10,7 @@ from typing import Any
 
 from otel_ttft import semconv
 from otel_ttft.diagnosis import thresholds
-from otel_ttft.runtime import clock, config
+from otel_ttft.runtime import clock
 from otel_ttft.runtime.hooks import first_use
 from otel_ttft.runtime.hooks.request.payload import EnginePayload, StepTime
 from otel_ttft.runtime.hooks.request.state import RequestRecord
@@ -207,14 +207,14 @@ def _attributes(rec: RequestRecord, eng: EnginePayload | None, ttft: float | Non
             attrs[semconv.ATTR_REQUEST_SINCE_READY] = (
                 clock.monotonic_to_epoch_ns(rec.arrival) - act.ready_ns) / 1e9
     attrs[semconv.ATTR_REQUEST_COLD] = rec.cold
-    if config.current.capture_content:
-        if rec.prompt is not None:
-            attrs[semconv.GEN_AI_INPUT_MESSAGES] = json.dumps(
-                [{"role": "user", "parts": [{"type": "text", "content": rec.prompt}]}])
-        if rec.texts:
-            attrs[semconv.GEN_AI_OUTPUT_MESSAGES] = json.dumps(
-                [{"role": "assistant", "parts": [{"type": "text", "content": text}]}
-                 for _, text in sorted(rec.texts.items())])
+    # (both kept only with content capture opted in: ``api.ApiRequests.capture``)
+    if rec.prompt is not None:
+        attrs[semconv.GEN_AI_INPUT_MESSAGES] = json.dumps(
+            [{"role": "user", "parts": [{"type": "text", "content": rec.prompt}]}])
+    if rec.texts:
+        attrs[semconv.GEN_AI_OUTPUT_MESSAGES] = json.dumps(
+            [{"role": "assistant", "parts": [{"type": "text", "content": text}]}
+             for _, text in sorted(rec.texts.items())])
     return attrs
 
 

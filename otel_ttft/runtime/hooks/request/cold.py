@@ -5,22 +5,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from otel_ttft.runtime import config
 from otel_ttft.runtime.hooks import activation
 
-_counted: Any = None  # the activation being counted (each is a new object)
-_count = 0
 
+class ColdCounter:
+    """The activation being counted (each is a new object) and the requests since."""
 
-def count() -> tuple[Any, int, bool]:
-    """A request arrived: the latest activation (``None`` before the first), the request's
-    position among the requests since (1 = first; 0 without one) and whether that makes it
-    cold. Called once for every request, record or not."""
-    global _counted, _count
-    act = activation.latest  # read, not called: once per request, in the busy step
-    if act is None:
-        return None, 0, False
-    if act is not _counted:
-        _counted, _count = act, 0
-    _count += 1
-    return act, _count, _count <= config.current.cold_requests
+    __slots__ = ("limit", "counted", "count_since")
+
+    def __init__(self, cold_requests: int) -> None:
+        self.limit = cold_requests
+        self.counted: Any = None
+        self.count_since = 0
+
+    def count(self) -> tuple[Any, int, bool]:
+        """A request arrived: the latest activation (``None`` before the first), the request's
+        position among the requests since (1 = first; 0 without one) and whether that makes it
+        cold. Called once for every request, record or not."""
+        act = activation.latest  # read, not called: once per request, in the busy step
+        if act is None:
+            return None, 0, False
+        if act is not self.counted:
+            self.counted, self.count_since = act, 0
+        self.count_since += 1
+        return act, self.count_since, self.count_since <= self.limit

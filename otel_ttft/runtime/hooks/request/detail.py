@@ -1,8 +1,10 @@
 """Which requests get a span, and which get their stage child spans: the request-detail policy.
 
-Every request is counted in the metrics (TTFT and time per stage). A span costs far more than a
-request's hooks and metric samples together (the SDK builds it, the exporter encodes every
-attribute, the export thread sends it): on a busy server that is most of our cost. So by default
+A request with a span, or a cold one, is counted in our metrics (TTFT and time per stage); a warm
+request without either is only seen here (its model's tail) and left to vLLM's own metrics. A
+span costs far more than a request's hooks and metric samples together (the SDK builds it, the
+exporter encodes every attribute, the export thread sends it): on a busy server that is most of
+our cost. So by default
 (``auto``) the ``llm_request`` span, with its stage children, is built for the requests someone
 will open: cold ones (the first requests after an activation, or one that waited for a compile or
 an adapter), slow ones (TTFT above ``OTEL_TTFT_REQUEST_DETAIL_SLOW_MS``), the model's tail (above
@@ -13,17 +15,18 @@ with the stage durations as attributes; its children only for one of the reasons
 
 ``spans``: every request gets its span, children as in ``auto``. ``all``: every request, span and
 children. ``none``: no children; spans only for requests the caller traces. The configured sampler
-still has the last word on every span. Settings: ``config.current`` (``request_detail``,
-``detail_slow_s``, ``detail_ratio``), read when instrumenting.
+still has the last word on every span. Settings: the process's ``Config`` (``request_detail``,
+``detail_slow_s``, ``detail_ratio``), read when instrumenting; the tails and the private draw
+are the API server part's (:class:`DetailPolicy`).
 """
 
 from __future__ import annotations
 
 import os
 import random
+from typing import Any
 
 from otel_ttft import semconv
-from otel_ttft.runtime import config
 
 _TAIL_WINDOW = 256
 _TAIL_EVERY = 32  # the tail threshold is re-read from the window every this many requests
@@ -60,53 +63,51 @@ class _Tail:
         return above
 
 
-_tails: dict[str | None, _Tail] = {}
-_draw = random.Random(os.urandom(16))  # vLLM seeds the global ``random``
+class DetailPolicy:
+    """The policy as configured, with each model's tail and the private sampling draw."""
 
+    def __init__(self, config: Any) -> None:
+        self.mode: str = config.request_detail
+        self.slow_s: float = config.detail_slow_s
+        self.ratio: float = config.detail_ratio
+        self.tails: dict[str | None, _Tail] = {}
+        self.draw = random.Random(os.urandom(16))  # vLLM seeds the global ``random``
 
-def reason(*, cold: bool, ttft: float | None, failed: bool, model: str | None) -> str | None:
-    """Why this request's children are built, or None (then maybe sampled: ``sampled``)."""
-    s = config.current
-    if s.request_detail == semconv.DETAIL_ALL:
-        return semconv.DETAIL_ALL
-    if s.request_detail == semconv.DETAIL_NONE:
-        return None  # (``spans`` and ``auto`` share the reasons below)
-    tail = _tails.get(model)
-    if tail is None:
-        if len(_tails) >= 1024:  # models come and go (LoRA names): keep the map bounded
-            _tails.clear()
-        tail = _tails[model] = _Tail()
-    in_tail = ttft is not None and tail.above(ttft)
-    if cold:
-        return semconv.DETAIL_COLD
-    if failed or ttft is None:
-        return semconv.DETAIL_ERROR
-    if ttft >= s.detail_slow_s:
-        return semconv.DETAIL_SLOW
-    if in_tail:
-        return semconv.DETAIL_TAIL
-    return None
+    def reason(self, *, cold: bool, ttft: float | None, failed: bool,
+               model: str | None) -> str | None:
+        """Why this request's children are built, or None (then maybe sampled:
+        ``sampled``)."""
+        if self.mode == semconv.DETAIL_ALL:
+            return semconv.DETAIL_ALL
+        if self.mode == semconv.DETAIL_NONE:
+            return None  # (``spans`` and ``auto`` share the reasons below)
+        tail = self.tails.get(model)
+        if tail is None:
+            if len(self.tails) >= 1024:  # models come and go (LoRA names): keep the map bounded
+                self.tails.clear()
+            tail = self.tails[model] = _Tail()
+        in_tail = ttft is not None and tail.above(ttft)
+        if cold:
+            return semconv.DETAIL_COLD
+        if failed or ttft is None:
+            return semconv.DETAIL_ERROR
+        if ttft >= self.slow_s:
+            return semconv.DETAIL_SLOW
+        if in_tail:
+            return semconv.DETAIL_TAIL
+        return None
 
+    def sampled(self, trace_id: int | None) -> bool:
+        """The sampled share of the requests without a reason: by the caller's trace id when it
+        traces the request (the low 56 bits, random in W3C trace ids, so every party agrees),
+        else a private random draw."""
+        if self.mode not in (semconv.DETAIL_AUTO, semconv.DETAIL_SPANS) or not self.ratio:
+            return False
+        if trace_id is None:
+            return self.draw.random() < self.ratio
+        return (trace_id % _RATIO_BITS) < self.ratio * _RATIO_BITS
 
-def sampled(trace_id: int | None) -> bool:
-    """The sampled share of the requests without a reason: by the caller's trace id when it
-    traces the request (the low 56 bits, random in W3C trace ids, so every party agrees), else a
-    private random draw."""
-    s = config.current
-    if s.request_detail not in (semconv.DETAIL_AUTO, semconv.DETAIL_SPANS) or not s.detail_ratio:
-        return False
-    if trace_id is None:
-        return _draw.random() < s.detail_ratio
-    return (trace_id % _RATIO_BITS) < s.detail_ratio * _RATIO_BITS
-
-
-def wants_span(detail: str | None, *, traced: bool) -> bool:
-    """Whether this request gets its ``llm_request`` span: it has a reason to be opened
-    (``detail``), its caller traces it, or the policy asks for every request's span."""
-    return (detail is not None or traced
-            or config.current.request_detail == semconv.DETAIL_SPANS)
-
-
-def reset() -> None:
-    """Forget every model's tail (tests)."""
-    _tails.clear()
+    def wants_span(self, detail: str | None, *, traced: bool) -> bool:
+        """Whether this request gets its ``llm_request`` span: it has a reason to be opened
+        (``detail``), its caller traces it, or the policy asks for every request's span."""
+        return detail is not None or traced or self.mode == semconv.DETAIL_SPANS

@@ -8,12 +8,11 @@ import time
 from typing import Any
 
 from otel_ttft import semconv
-from otel_ttft.runtime.hooks.request import settle
-from otel_ttft.runtime.hooks.request import spans as request_spans
-from otel_ttft.runtime.hooks.request.state import book
+from otel_ttft.runtime.hooks.request.api import ApiRequests
 
 
-def wrap_abort_requests(call: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def wrap_abort_requests(part: ApiRequests, call: Any, instance: Any, args: tuple,
+                        kwargs: dict) -> Any:
     """Aborted requests (client gone, shutdown) are closed too."""
     request_ids = args[0] if args else kwargs.get("request_ids", ())
     if not isinstance(request_ids, (list, tuple, set, frozenset)):
@@ -23,40 +22,42 @@ def wrap_abort_requests(call: Any, instance: Any, args: tuple, kwargs: dict) -> 
     aborted = call(*args, **kwargs)
     now = time.monotonic()
     for rid in aborted or ():
-        rec = book.forget(rid)
+        rec = part.book.forget(rid)
         if rec is not None:
             rec.aborted = rec.finish is None
             rec.read_end(now)
-            request_spans.emit_request(rec, now)
+            part.emitter.emit(rec, now)
     for rid in request_ids:
-        rec = book.settling.pop(rid, None)
+        rec = part.book.settling.pop(rid, None)
         if rec is not None:
             # Finished in the engine, but the caller left before taking the final output
             # (still in its queue): the caller never got it, so the request was aborted.
             rec.aborted = not rec.taken()
-            request_spans.emit_request(rec, now)
+            part.emitter.emit(rec, now)
     return aborted
 
 
-def wrap_propagate_error(call: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def wrap_propagate_error(part: ApiRequests, call: Any, instance: Any, args: tuple,
+                         kwargs: dict) -> Any:
     """An engine failure reaches every open request."""
     exc = args[0] if args else kwargs.get("e")
     result = call(*args, **kwargs)
     now = time.monotonic()
     error = f"{type(exc).__name__}: {exc}"
-    for rid in list(book.live):
-        rec = book.forget(rid)
+    for rid in list(part.book.live):
+        rec = part.book.forget(rid)
         if rec is not None:
             rec.error = error
             rec.read_end(now)
-            request_spans.emit_request(rec, now)
+            part.emitter.emit(rec, now)
     return result
 
 
-def wrap_do_tracing(call: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+def wrap_do_tracing(part: ApiRequests, call: Any, instance: Any, args: tuple,
+                    kwargs: dict) -> Any:
     """vLLM's ``llm_request`` becomes ours; its attributes are carried over."""
     req_state = args[1] if len(args) > 1 else kwargs["req_state"]
-    rec = book.live.get(req_state.request_id)
+    rec = part.book.live.get(req_state.request_id)
     if rec is None:
         return call(*args, **kwargs)
     iteration_stats = args[2] if len(args) > 2 else kwargs.get("iteration_stats")
@@ -81,5 +82,5 @@ def wrap_do_tracing(call: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
             eco = args[0] if args else kwargs.get("engine_core_output")
             reason = getattr(eco, "finish_reason", None)
             rec.finish = str(reason) if reason is not None else "stop"  # a stop string's
-        settle.end(book.forget(rec.rid), time.monotonic())
+        part.settler.end(part.book.forget(rec.rid), time.monotonic())
     return None

@@ -4,7 +4,8 @@ tokens than the largest, or a shape no graph was captured for) runs eager, which
 kernel-launch time a captured graph would not. The decision is what
 ``CudagraphDispatcher.dispatch`` (V1) or ``CudaGraphManager.dispatch`` (Model Runner V2)
 returns; the first one of a step is noted for the step's new requests, with the step's tokens
-and the largest captured batch, and rides to EngineCore with the worker's other notes.
+and the largest captured batch, on the worker's part (``worker.WorkerSteps.note_graph``), and
+rides to EngineCore with the worker's other notes.
 
 Evidence, not a timed stage: the eager step's time is the request's prefill, and what a graph
 would have saved is not measured. Nothing is noted while no graph is captured (CPU, eager
@@ -16,48 +17,35 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from otel_ttft.runtime.hooks.request import worker
-from otel_ttft.runtime.hooks.request.payload import GraphChoice, GraphDispatch
-
-_noted_step: Any = None  # the SchedulerOutput whose first dispatch was noted
+from otel_ttft.runtime.hooks.request.payload import GraphChoice
+from otel_ttft.runtime.hooks.request.worker import WorkerSteps
 
 
-def _unnoted_prefill_step() -> Any:
-    """The current step, if it starts some request's prefill and its decision is not noted."""
-    step = worker.latest_step()
-    if step is None or step is _noted_step or not step.scheduled_new_reqs:
-        return None
-    return step
+def _choice(mode: Any, tokens: int, max_captured: int) -> GraphChoice:
+    return GraphChoice(getattr(mode, "name", str(mode)), int(tokens), int(max_captured))
 
 
-def _note(step: Any, mode: Any, tokens: int, max_captured: int) -> None:
-    global _noted_step
-    _noted_step = step
-    choice = GraphChoice(getattr(mode, "name", str(mode)), int(tokens), int(max_captured))
-    worker.keep(GraphDispatch(choice, [r.req_id for r in step.scheduled_new_reqs]))
-
-
-def wrap_dispatch_v1(call: Callable[..., Any], instance: Any, args: tuple,
+def wrap_dispatch_v1(part: WorkerSteps, call: Callable[..., Any], instance: Any, args: tuple,
                      kwargs: dict) -> Any:
     """``CudagraphDispatcher.dispatch(num_tokens, ...) -> (mode, BatchDescriptor)``."""
     result = call(*args, **kwargs)
-    step = _unnoted_prefill_step()
+    step = part.unnoted_prefill_step()
     if step is not None and instance.keys_initialized \
             and instance.cudagraph_mode.name != "NONE":
         tokens = args[0] if args else kwargs["num_tokens"]
         largest = instance.compilation_config.max_cudagraph_capture_size
-        _note(step, result[0], tokens, largest or 0)
+        part.note_graph(step, _choice(result[0], tokens, largest or 0))
     return result
 
 
-def wrap_dispatch_v2(call: Callable[..., Any], instance: Any, args: tuple,
+def wrap_dispatch_v2(part: WorkerSteps, call: Callable[..., Any], instance: Any, args: tuple,
                      kwargs: dict) -> Any:
     """Model Runner V2's ``CudaGraphManager.dispatch(num_reqs, num_tokens, ...) ->
     BatchExecutionDescriptor``."""
     result = call(*args, **kwargs)
-    step = _unnoted_prefill_step()
+    step = part.unnoted_prefill_step()
     sizes = instance.captured_token_counts() if step is not None else ()
     if sizes:
         tokens = args[1] if len(args) > 1 else kwargs["num_tokens"]
-        _note(step, result.cg_mode, tokens, sizes[-1])
+        part.note_graph(step, _choice(result.cg_mode, tokens, sizes[-1]))
     return result

@@ -1,7 +1,12 @@
 """Request-path instruments: server TTFT (the GenAI semconv name), time spent per stage, and what
 the engine looked like when the latest request arrived.
 
-TTFT is a histogram, one sample per request: the distribution operators alert on. Buckets are the
+Which requests are recorded: every request that is cold or gets a span (the detail policy's
+reasons, a caller that traces it); a warm request nobody will open is left to vLLM's own
+metrics (``vllm:time_to_first_token_seconds``, ``vllm:request_queue_time_seconds``,
+``vllm:request_prefill_time_seconds``), which hold every request's TTFT, queue and prefill.
+
+TTFT is a histogram, one sample per recorded request. Buckets are the
 GenAI convention's TTFT boundaries (1 ms .. 10 s) extended to 1200 s: a request that waited on a
 cold start is measured in minutes. The sample takes the request span's context when the request
 has a span, so SDKs with exemplars (trace-based filter, the default) lead from the histogram to
@@ -14,106 +19,99 @@ A slow request's own stages are on its span.
 
 Queue depth and KV usage at arrival are gauges read at export time (per model: the latest
 arrival). TTFT samples and stage times carry ``gen_ai.operation.name`` and
-``gen_ai.provider.name``.
+``gen_ai.provider.name``. The instruments and the sums are the API server part's
+(:class:`RequestMetrics`), made on its meter.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import cache
 from typing import Any
 
 from opentelemetry.context import Context, get_current
-from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from otel_ttft import semconv
-from otel_ttft.runtime.telemetry import metrics as telemetry_metrics
 
 _MAX_KEYS = 1024  # (model, cold, operation) combinations kept; LoRA names come and go
-
-
-@cache
-def _instruments() -> dict[str, Any]:
-    meter = telemetry_metrics.meter("otel_ttft.request")
-    ttft = meter.create_histogram(
-        semconv.METRIC_SERVER_TTFT, unit="s",
-        description="Time to generate the first token, server side (arrival -> first token "
-                    "handed to the HTTP layer)",
-        explicit_bucket_boundaries_advisory=list(semconv.TTFT_BUCKETS_S))
-    return {
-        "ttft": ttft,
-        "stage": meter.create_observable_counter(
-            semconv.METRIC_REQUEST_STAGE_TIME, callbacks=[_observe_stage_time], unit="s",
-            description="Time requests spent in each TTFT stage (frontend, queue, prefill; "
-                        "first_decode is outside TTFT), summed over requests"),
-        "waiting": meter.create_observable_gauge(
-            semconv.METRIC_REQUEST_ARRIVAL_WAITING, callbacks=[_observe_latest(0)],
-            unit="{request}",
-            description="Requests waiting in the engine queue when the latest request arrived"),
-        "kv_usage": meter.create_observable_gauge(
-            semconv.METRIC_REQUEST_ARRIVAL_KV_USAGE, callbacks=[_observe_latest(1)], unit="1",
-            description="Fraction of KV-cache blocks in use when the latest request arrived"),
-    }
-
 
 NO_SPAN = Context()
 """A context without a span: the trace-based exemplar filter offers nothing (a request without
 a span of its own has no trace to lead to)."""
 
-# model -> (waiting requests, KV usage) at the latest arrival
-_latest: dict[str | None, tuple[float | None, float | None]] = {}
-# (model, cold, operation) -> stage -> seconds, since this process started counting
-_stage_time: dict[tuple[str | None, bool, str], dict[str, float]] = {}
 
+class RequestMetrics:
+    """The request path's instruments on one meter, and what its observable ones read."""
 
-def _observe_latest(index: int):
-    def callback(options: CallbackOptions) -> Iterator[Observation]:
-        for model, values in list(_latest.items()):
-            if values[index] is not None:
-                yield Observation(values[index],
-                                  {semconv.GEN_AI_REQUEST_MODEL: model} if model else {})
+    def __init__(self, meter: Meter) -> None:
+        # model -> (waiting requests, KV usage) at the latest arrival
+        self.latest: dict[str | None, tuple[float | None, float | None]] = {}
+        # (model, cold, operation) -> stage -> seconds, since this process started counting
+        self.stage_time: dict[tuple[str | None, bool, str], dict[str, float]] = {}
+        self.ttft = meter.create_histogram(
+            semconv.METRIC_SERVER_TTFT, unit="s",
+            description="Time to generate the first token, server side (arrival -> first token "
+                        "handed to the HTTP layer)",
+            explicit_bucket_boundaries_advisory=list(semconv.TTFT_BUCKETS_S))
+        meter.create_observable_counter(
+            semconv.METRIC_REQUEST_STAGE_TIME, callbacks=[self._observe_stage_time], unit="s",
+            description="Time requests spent in each TTFT stage (frontend, queue, prefill; "
+                        "first_decode is outside TTFT), summed over requests")
+        meter.create_observable_gauge(
+            semconv.METRIC_REQUEST_ARRIVAL_WAITING, callbacks=[self._observe_latest(0)],
+            unit="{request}",
+            description="Requests waiting in the engine queue when the latest request arrived")
+        meter.create_observable_gauge(
+            semconv.METRIC_REQUEST_ARRIVAL_KV_USAGE, callbacks=[self._observe_latest(1)],
+            unit="1",
+            description="Fraction of KV-cache blocks in use when the latest request arrived")
 
-    return callback
+    def close(self) -> None:
+        """The observable instruments read nothing from now on (the API cannot remove them)."""
+        self.latest.clear()
+        self.stage_time.clear()
 
+    def _observe_latest(self, index: int) -> Callable[[CallbackOptions], Iterator[Observation]]:
+        def callback(options: CallbackOptions) -> Iterator[Observation]:
+            for model, values in list(self.latest.items()):
+                if values[index] is not None:
+                    yield Observation(values[index],
+                                      {semconv.GEN_AI_REQUEST_MODEL: model} if model else {})
 
-def _observe_stage_time(options: CallbackOptions) -> Iterator[Observation]:
-    for (model, cold, operation), sums in list(_stage_time.items()):
-        for stage, seconds in list(sums.items()):
-            yield Observation(seconds, _attrs(model, cold, stage, operation))
+        return callback
+
+    def _observe_stage_time(self, options: CallbackOptions) -> Iterator[Observation]:
+        for (model, cold, operation), sums in list(self.stage_time.items()):
+            for stage, seconds in list(sums.items()):
+                yield Observation(seconds, _attrs(model, cold, stage, operation))
+
+    def record(self, ttft_s: float | None, stages: dict[str, float], model: str | None,
+               cold: bool, waiting: int | None, kv_usage: float | None,
+               context: Context | None = None,
+               operation: str = semconv.GEN_AI_OPERATION_TEXT_COMPLETION) -> None:
+        """One finished request: its TTFT sample, its time per stage, the engine state at
+        arrival. ``context``: the request span's, for the exemplar (``None``: the current
+        one)."""
+        if waiting is not None or kv_usage is not None:
+            self.latest[model] = (waiting, kv_usage)
+        if ttft_s is not None:
+            self.ttft.record(ttft_s, _attrs(model, cold, None, operation),
+                             context=context if context is not None else get_current())
+        if stages:
+            key = (model, cold, operation)
+            sums = self.stage_time.get(key)
+            if sums is None:
+                if len(self.stage_time) >= _MAX_KEYS:
+                    self.stage_time.clear()  # a counter reset, as after a restart
+                sums = self.stage_time[key] = {}
+            for stage, seconds in stages.items():
+                sums[stage] = sums.get(stage, 0.0) + seconds
 
 
 def reset() -> None:
-    """Instruments are made again from the next sample on (``instrument()`` with a provider)."""
-    _instruments.cache_clear()
-
-
-def record_request(ttft_s: float | None, stages: dict[str, float], model: str | None, cold: bool,
-                   waiting: int | None, kv_usage: float | None,
-                   context: Context | None = None,
-                   operation: str = semconv.GEN_AI_OPERATION_TEXT_COMPLETION) -> None:
-    """One finished request: its TTFT sample, its time per stage, the engine state at arrival.
-    ``context``: the request span's, for the exemplar (``None``: the current one)."""
-    inst = _instruments()
-    if waiting is not None or kv_usage is not None:
-        _latest[model] = (waiting, kv_usage)
-    key = (model, cold, operation)
-    if ttft_s is not None:
-        inst["ttft"].record(ttft_s, _attrs(model, cold, None, operation),
-                            context=context if context is not None else get_current())
-    if stages:
-        sums = _stage_time.get(key)
-        if sums is None:
-            if len(_stage_time) >= _MAX_KEYS:
-                _stage_time.clear()  # a counter reset, as after a restart
-            sums = _stage_time[key] = {}
-        for stage, seconds in stages.items():
-            sums[stage] = sums.get(stage, 0.0) + seconds
-
-
-def forget() -> None:
-    """Drop the stage sums and latest arrivals (tests)."""
-    _stage_time.clear()
-    _latest.clear()
+    """Nothing: the instruments are the API server part's. ``instrumentor`` still calls it;
+    removed at merge."""
 
 
 @cache

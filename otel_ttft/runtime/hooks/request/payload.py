@@ -103,6 +103,31 @@ class AdapterLoad(msgspec.Struct, array_like=True, frozen=True):
 
 
 @dataclass(slots=True)
+class PrefillStep:
+    """A step a CPU worker timed, and the requests whose prefill it ran."""
+
+    time: StepTime
+    request_ids: list[str]
+
+
+WORKER_NOTES_ATTR = "_otel_ttft_worker"
+"""The one way from a worker to EngineCore: this attribute of a step's ``ModelRunnerOutput``
+holds a :class:`WorkerNotes` (pickled with the output by the multiproc executor, the same object
+in-process), set by ``worker`` where the output is handed back and read by ``engine`` in
+``Scheduler.update_from_output``."""
+
+
+@dataclass(slots=True)
+class WorkerNotes:
+    """What a worker hands EngineCore with one step's output."""
+
+    notes: list[AdapterLoad | CompileTime | GraphDispatch]
+    """Warm-up it timed and CUDA-graph decisions, since the previous output."""
+    steps: list[PrefillStep]
+    """CPU steps it timed that ran some prefill."""
+
+
+@dataclass(slots=True)
 class EnginePayload:
     """One request as EngineCore saw it (all times ``time.monotonic()`` seconds, host-wide)."""
 

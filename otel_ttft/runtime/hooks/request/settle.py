@@ -1,16 +1,17 @@
-"""A request's end in the API process: vLLM's ``OutputProcessor`` let go of it (``end``). It is
-emitted once its ``generate`` call took the final output (its first chunk's write is known by
-then, and a caller that left first is seen as an abort), on the event loop, ``EMIT_DELAY_S``
-after the first of a batch ended."""
+"""A request's end in the API process: vLLM's ``OutputProcessor`` let go of it
+(:meth:`Settler.end`). It is emitted once its ``generate`` call took the final output (its first
+chunk's write is known by then, and a caller that left first is seen as an abort), on the event
+loop, ``EMIT_DELAY_S`` after the first of a batch ended. At exit, before the final flush,
+requests still waiting are emitted (``bounded_export.before_flush``, registered when the API
+server's part is made, inert once it is closed)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
-from otel_ttft.runtime.hooks import registry
-from otel_ttft.runtime.hooks.request import spans as request_spans
-from otel_ttft.runtime.hooks.request.state import RequestRecord, book
+from otel_ttft.runtime.hooks.request.state import RequestRecord, Requests
 from otel_ttft.runtime.telemetry import bounded_export
 
 EMIT_DELAY_S = 1.0
@@ -20,61 +21,70 @@ _SETTLE_RETRY_S = 0.05  # a caller still busy (writing the previous chunk) takes
 _SETTLE_GIVE_UP_S = 10.0  # then it is emitted as finished (a caller that stopped reading)
 
 
-class _Schedule:
-    """The event loop one look at ``book.settling`` is scheduled on, if any."""
+class Settler:
+    """Holds ended requests (``book.settling``) until their final output is taken; ``emit``
+    builds one (``spans.RequestEmitter.emit``); ``on_failure`` applies the failure rule to a
+    failure of ours outside any wrapper (the finish hook's ``report_failure``)."""
 
-    loop: asyncio.AbstractEventLoop | None = None
+    def __init__(self, book: Requests, emit: Callable[[RequestRecord, float], None],
+                 on_failure: Callable[[BaseException], None]) -> None:
+        self.book = book
+        self.emit = emit
+        self.on_failure = on_failure
+        self.loop: asyncio.AbstractEventLoop | None = None  # the one look scheduled, if any
+        self.closed = False
+        bounded_export.before_flush(self.at_exit)
 
+    def close(self) -> None:
+        """``bounded_export`` offers no removal: the exit callback stays, and does nothing."""
+        self.closed = True
+        self.book.settling.clear()
 
-def end(rec: RequestRecord | None, now: float) -> None:
-    """A request vLLM's ``OutputProcessor`` let go: emitted now if nobody takes its outputs from
-    a queue (offline ``LLMEngine``), else once its ``generate`` call took the final output."""
-    if rec is None:
-        return
-    rec.read_end(now)
-    if rec.queue is None:
-        request_spans.emit_request(rec, now)
-        return
-    book.settling[rec.rid] = rec
-    _later(EMIT_DELAY_S)
+    def end(self, rec: RequestRecord | None, now: float) -> None:
+        """A request vLLM's ``OutputProcessor`` let go: emitted now if nobody takes its outputs
+        from a queue (offline ``LLMEngine``), else once its ``generate`` call took the final
+        output."""
+        if rec is None:
+            return
+        rec.read_end(now)
+        if rec.queue is None:
+            self.emit(rec, now)
+            return
+        self.book.settling[rec.rid] = rec
+        self._later(EMIT_DELAY_S)
 
+    def _later(self, delay: float) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # an output queue outside an event loop: nothing will take it later
+            self.settle(give_up=True)
+            return
+        if self.loop is not loop:
+            self.loop = loop
+            loop.call_later(delay, self.settle)
 
-def _later(delay: float) -> None:
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:  # an output queue outside an event loop: nothing will take it later
-        settle(give_up=True)
-        return
-    if _Schedule.loop is not loop:
-        _Schedule.loop = loop
-        loop.call_later(delay, settle)
+    def settle(self, give_up: bool = False) -> None:
+        """Emits the finished requests whose final output their ``generate`` call took, as they
+        ended (``done``); one never taken is emitted after ``_SETTLE_GIVE_UP_S``."""
+        self.loop = None
+        if self.closed:
+            return
+        settling = self.book.settling
+        now = time.monotonic()
+        try:
+            for rid, rec in list(settling.items()):
+                taken = rec.taken()
+                if taken or give_up or now - (rec.done or now) > _SETTLE_GIVE_UP_S:
+                    del settling[rid]
+                    self.emit(rec, rec.done if taken else now)
+        except Exception as exc:  # noqa: BLE001 - ours, outside any wrapper: the failure rule
+            settling.clear()
+            self.on_failure(exc)
+            return
+        if settling:
+            self._later(_SETTLE_RETRY_S)
 
-
-def settle(give_up: bool = False) -> None:
-    """Emits the finished requests whose final output their ``generate`` call took, as they
-    ended (``done``); one never taken is emitted after ``_SETTLE_GIVE_UP_S``."""
-    _Schedule.loop = None
-    now = time.monotonic()
-    try:
-        for rid, rec in list(book.settling.items()):
-            taken = rec.taken()
-            if taken or give_up or now - (rec.done or now) > _SETTLE_GIVE_UP_S:
-                del book.settling[rid]
-                request_spans.emit_request(rec, rec.done if taken else now)
-    except Exception as exc:  # noqa: BLE001 - ours, outside any wrapper: the failure rule
-        book.settling.clear()
-        hook = registry.applied.get("request.finish")
-        if hook is not None:
-            registry.report_failure(hook, exc)
-        return
-    if book.settling:
-        _later(_SETTLE_RETRY_S)
-
-
-def _settle_at_exit() -> None:
-    """At exit, before the final flush: requests still waiting to be emitted are emitted."""
-    if book.settling:
-        settle(give_up=True)
-
-
-bounded_export.before_flush(_settle_at_exit)
+    def at_exit(self) -> None:
+        """At exit, before the final flush: requests still waiting to be emitted are emitted."""
+        if self.book.settling and not self.closed:
+            self.settle(give_up=True)

@@ -17,13 +17,13 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from otel_ttft import semconv
 from otel_ttft.runtime import clock
 from otel_ttft.runtime.hooks import activation_verdict, first_use
-from otel_ttft.runtime.hooks.request import detail as request_detail
-from otel_ttft.runtime.hooks.request import metrics as request_metrics
 from otel_ttft.runtime.hooks.request.attributes import (
     named_waits,
     operation_name,
     span_attributes,
 )
+from otel_ttft.runtime.hooks.request.detail import DetailPolicy
+from otel_ttft.runtime.hooks.request.metrics import NO_SPAN, RequestMetrics
 from otel_ttft.runtime.hooks.request.payload import CompileTime, EnginePayload
 from otel_ttft.runtime.hooks.request.state import RequestRecord
 from otel_ttft.runtime.hooks.request.timeline import (
@@ -33,17 +33,16 @@ from otel_ttft.runtime.hooks.request.timeline import (
     stage_durations,
     tile,
 )
-from otel_ttft.runtime.telemetry import spans
 
 
 def ns(mono_s: float) -> int:
     return clock.monotonic_to_epoch_ns(mono_s)
 
 
-def _child(name: str, parent: trace.Span, start_ns: int, end_ns: int,
+def _child(tracer: trace.Tracer, name: str, parent: trace.Span, start_ns: int, end_ns: int,
            attributes: Mapping[str, Any]) -> trace.Span:
     """One finished child of ``parent``."""
-    span = spans.tracer().start_span(name, context=trace.set_span_in_context(parent),
+    span = tracer.start_span(name, context=trace.set_span_in_context(parent),
                                      start_time=start_ns, attributes=attributes)
     span.end(end_time=max(end_ns, start_ns))
     return span
@@ -68,8 +67,8 @@ def parent_context(trace_headers: Mapping[str, str] | None,
     return None, otel_context.Context(), SpanKind.SERVER
 
 
-def _fill(span: trace.Span, segments: list[Segment], first_decode: tuple[float, float] | None,
-          warmup: list[Warmup]) -> None:
+def _fill(tracer: trace.Tracer, span: trace.Span, segments: list[Segment],
+          first_decode: tuple[float, float] | None, warmup: list[Warmup]) -> None:
     """The request span's stage children: segments that tile its TTFT, the warm-up paid inside
     it under the segment that holds its middle (a wait that starts when the request was
     scheduled belongs to Prefill, not to the Queue that ends there), and ``first_decode``."""
@@ -79,82 +78,107 @@ def _fill(span: trace.Span, segments: list[Segment], first_decode: tuple[float, 
         if seg.stage == semconv.STAGE_FRONTEND:
             attrs[semconv.ATTR_FRONTEND_PHASE] = (
                 "input" if seg.name == semconv.SPAN_REQUEST_INPUT else "output")
-        child = _child(seg.name, span, ns(seg.start), ns(seg.end), attrs)
+        child = _child(tracer, seg.name, span, ns(seg.start), ns(seg.end), attrs)
         while pending and seg.start <= (pending[0][2] + pending[0][3]) / 2 <= seg.end:
             name, stage, w_start, w_end, w_attrs = pending.pop(0)
-            _child(name, child, ns(w_start), ns(w_end), {semconv.ATTR_STAGE: stage, **w_attrs})
+            _child(tracer, name, child, ns(w_start), ns(w_end),
+                   {semconv.ATTR_STAGE: stage, **w_attrs})
     for name, stage, w_start, w_end, w_attrs in pending:  # outside every segment: the request's
-        _child(name, span, ns(w_start), ns(w_end), {semconv.ATTR_STAGE: stage, **w_attrs})
+        _child(tracer, name, span, ns(w_start), ns(w_end), {semconv.ATTR_STAGE: stage, **w_attrs})
     if first_decode is not None:
-        _child(semconv.SPAN_REQUEST_FIRST_DECODE, span, ns(first_decode[0]), ns(first_decode[1]),
-               {semconv.ATTR_STAGE: semconv.STAGE_FIRST_DECODE})
+        _child(tracer, semconv.SPAN_REQUEST_FIRST_DECODE, span, ns(first_decode[0]),
+               ns(first_decode[1]), {semconv.ATTR_STAGE: semconv.STAGE_FIRST_DECODE})
 
 
-def emit_request(rec: RequestRecord, now: float) -> None:
-    """The request's span tree (where the policy wants one) and its metric samples."""
-    end = now
-    eng = rec.engine
-    queued = rec.queued if rec.queued is not None or eng is None else eng.queued
-    schedule = rec.schedule or (list(eng.schedule) if eng is not None else [])
-    if rec.first_tok is not None and not rec.schedule:
-        rec.late_preemptions += [ts for kind, ts in schedule
-                                 if kind == PREEMPTED and ts >= rec.first_tok]
-    ttft_end = None
-    if rec.first_tok is not None:
-        # The first chunk written to the client if we saw it, else the API process got it.
-        ttft_end = rec.recv if rec.recv is not None else rec.first_tok
-        flushed = rec.first_flush() if rec.streaming else None
-        if flushed is not None:
-            ttft_end = max(flushed, ttft_end)
-    ttft = (ttft_end - rec.arrival) if ttft_end is not None else None
-    first_decode = ((rec.first_tok, rec.second_tok)
-                    if rec.first_tok is not None and rec.second_tok is not None else None)
-    # Rejected on arrival: nothing ran, so no stage tiles its (absent) TTFT.
-    stages = ({} if ttft is None or rec.rejected is not None
-              else stage_durations(rec.arrival, queued, schedule, rec.first_tok, ttft_end))
-    if first_decode is not None:
-        stages[semconv.STAGE_FIRST_DECODE] = first_decode[1] - first_decode[0]
-    # This request's own front-end work: the fills that began before EngineCore queued it.
-    fills = first_use.within(rec.arrival, next(
-        t for t in (queued, rec.first_tok, ttft_end, end) if t is not None))
-    warmup = _warmup_spans(eng, fills)
-    if warmup:
-        rec.cold = True  # it waited for warm-up work (a compile, its adapter's load, a cache)
-    waits = wait_spans(eng, rec.first_tok, first_scheduled(schedule))
-    error = rec.rejected or rec.error
-    headers = rec.trace_headers
-    caller, context, kind = parent_context(
-        headers if headers and "traceparent" in headers else None, rec.context)
-    detail = request_detail.reason(cold=rec.cold, ttft=ttft, failed=bool(error or rec.aborted),
-                                   model=rec.model)
-    if detail is None and request_detail.sampled(caller.trace_id if caller else None):
-        detail = semconv.DETAIL_SAMPLED
-    ctx = request_metrics.NO_SPAN
-    # vLLM's own tracing on (``rec.vllm``): the user asked for a span per request; ours is it.
-    traced = (caller is not None and caller.trace_flags.sampled) or rec.vllm is not None
-    if request_detail.wants_span(detail, traced=traced):
-        span = spans.tracer().start_span(semconv.SPAN_REQUEST, context=context, kind=kind,
-                                         start_time=ns(rec.arrival), links=activation_links(rec))
-        if span.is_recording():
-            span.set_attributes(span_attributes(rec, eng, ttft, schedule, stages, fills))
-            for name, ts, attrs in preemption_events(rec, schedule):
-                span.add_event(name, attrs, timestamp=ns(ts))
-            if detail is not None:
-                span.set_attribute(semconv.ATTR_REQUEST_DETAIL, detail)
-                if rec.rejected is None:
-                    _fill(span, tile(rec.arrival, queued, schedule, rec.first_tok, ttft_end, end),
-                          first_decode, warmup + waits)
-            if error:
-                span.set_status(Status(StatusCode.ERROR, error))
-        span.end(end_time=ns(max(end, ttft_end or end)))
-        if span.get_span_context().is_valid:
-            ctx = trace.set_span_in_context(span)
-    usage = (1.0 - eng.free / eng.total) if eng is not None and eng.total else None
-    request_metrics.record_request(ttft, stages, rec.model, rec.cold,
-                                   eng.waiting if eng is not None else None, usage,
-                                   context=ctx, operation=operation_name(rec.ext_id))
-    activation_verdict.request_done(rec.activation, rec.cold_index, ttft, stages, warmup,
-                                    prompt_tokens=rec.prompt_len, cached_tokens=rec.cached)
+class RequestEmitter:
+    """Emits finished requests with the API server part's tracer, instruments and detail
+    policy."""
+
+    def __init__(self, tracer: trace.Tracer, metrics: RequestMetrics,
+                 detail: DetailPolicy) -> None:
+        self.tracer = tracer
+        self.metrics = metrics
+        self.detail = detail
+
+    def close(self) -> None:
+        self.metrics.close()
+
+    def emit(self, rec: RequestRecord, now: float) -> None:
+        """The request's span tree (where the policy wants one) and its metric samples. A warm
+        request that gets no span is only seen by the policy (its model's tail): vLLM's own
+        metrics record its TTFT, queue and prefill time, and it paid no warm-up, waited on no
+        activation and failed in no way of ours to name."""
+        end = now
+        eng = rec.engine
+        queued = rec.queued if rec.queued is not None or eng is None else eng.queued
+        schedule = rec.schedule or (list(eng.schedule) if eng is not None else [])
+        ttft_end = None
+        if rec.first_tok is not None:
+            # The first chunk written to the client if we saw it, else the API process got it.
+            ttft_end = rec.recv if rec.recv is not None else rec.first_tok
+            flushed = rec.first_flush() if rec.streaming else None
+            if flushed is not None:
+                ttft_end = max(flushed, ttft_end)
+        ttft = (ttft_end - rec.arrival) if ttft_end is not None else None
+        # This request's own front-end work: the fills that began before EngineCore queued it.
+        fills = first_use.within(rec.arrival, next(
+            t for t in (queued, rec.first_tok, ttft_end, end) if t is not None))
+        warmup = _warmup_spans(eng, fills)
+        if warmup:
+            rec.cold = True  # it waited for warm-up work (a compile, its adapter's load, a cache)
+        error = rec.rejected or rec.error
+        headers = rec.trace_headers
+        caller, context, kind = parent_context(
+            headers if headers and "traceparent" in headers else None, rec.context)
+        policy = self.detail
+        detail = policy.reason(cold=rec.cold, ttft=ttft, failed=bool(error or rec.aborted),
+                               model=rec.model)
+        if detail is None and policy.sampled(caller.trace_id if caller else None):
+            detail = semconv.DETAIL_SAMPLED
+        # vLLM's own tracing on (``rec.vllm``): the user asked for a span per request; ours is it.
+        traced = (caller is not None and caller.trace_flags.sampled) or rec.vllm is not None
+        wanted = policy.wants_span(detail, traced=traced)
+        if not wanted and not rec.cold:
+            return  # warm, untraced, no reason: nothing vLLM's own metrics lack
+        if rec.first_tok is not None and not rec.schedule:
+            rec.late_preemptions += [ts for kind_, ts in schedule
+                                     if kind_ == PREEMPTED and ts >= rec.first_tok]
+        first_decode = ((rec.first_tok, rec.second_tok)
+                        if rec.first_tok is not None and rec.second_tok is not None else None)
+        # Rejected on arrival: nothing ran, so no stage tiles its (absent) TTFT.
+        stages = ({} if ttft is None or rec.rejected is not None
+                  else stage_durations(rec.arrival, queued, schedule, rec.first_tok, ttft_end))
+        if first_decode is not None:
+            stages[semconv.STAGE_FIRST_DECODE] = first_decode[1] - first_decode[0]
+        ctx = NO_SPAN
+        if wanted:
+            span = self.tracer.start_span(semconv.SPAN_REQUEST, context=context, kind=kind,
+                                          start_time=ns(rec.arrival),
+                                          links=activation_links(rec))
+            if span.is_recording():
+                span.set_attributes(span_attributes(rec, eng, ttft, schedule, stages, fills))
+                for name, ts, attrs in preemption_events(rec, schedule):
+                    span.add_event(name, attrs, timestamp=ns(ts))
+                if detail is not None:
+                    span.set_attribute(semconv.ATTR_REQUEST_DETAIL, detail)
+                    if rec.rejected is None:
+                        waits = wait_spans(eng, rec.first_tok, first_scheduled(schedule))
+                        _fill(self.tracer, span, tile(rec.arrival, queued, schedule,
+                                                      rec.first_tok, ttft_end, end),
+                              first_decode, warmup + waits)
+                if error:
+                    span.set_status(Status(StatusCode.ERROR, error))
+            span.end(end_time=ns(max(end, ttft_end or end)))
+            if span.get_span_context().is_valid:
+                ctx = trace.set_span_in_context(span)
+        usage = (1.0 - eng.free / eng.total) if eng is not None and eng.total else None
+        self.metrics.record(ttft, stages, rec.model, rec.cold,
+                            eng.waiting if eng is not None else None, usage,
+                            context=ctx, operation=operation_name(rec.ext_id))
+        if rec.cold_index:
+            activation_verdict.request_done(rec.activation, rec.cold_index, ttft, stages,
+                                            warmup, prompt_tokens=rec.prompt_len,
+                                            cached_tokens=rec.cached)
 
 
 def preemption_events(rec: RequestRecord, schedule: list[tuple[str, float]]
