@@ -22,12 +22,11 @@ from otel_ttft import semconv
 from otel_ttft.runtime import config
 from otel_ttft.runtime import environment_variables as env
 from otel_ttft.runtime.hooks.registry import HookSet
-from otel_ttft.runtime.telemetry import spans
 from otel_ttft.tools.sink.child import ReceiverProcess
 from otel_ttft.tools.sink.receiver import OTLPReceiver
 from otel_ttft.tools.sink.store import SpanStore
 from tests.otel_memory import memory_exporter
-from tests.request_engine import process_state
+from tests.request_engine import process_state, use_config
 
 VLLM_MARKERS = ("vllm_import", "vllm")
 
@@ -150,14 +149,12 @@ def telemetry() -> Iterator[Callable[..., tuple]]:
         tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
         reader = InMemoryMetricReader()
         meter_provider = MeterProvider(metric_readers=[reader])
-        config.configure(config.Config(tracer_provider=tracer_provider,
-                                       meter_provider=meter_provider, **settings))
-        spans.use_tracer_provider(tracer_provider)
+        use_config(config.Config(tracer_provider=tracer_provider,
+                                 meter_provider=meter_provider, **settings))
         return exporter, reader, tracer_provider
 
     yield make
-    config.configure(config.Config())
-    spans.use_tracer_provider(None)
+    use_config(config.Config())
 
 
 @pytest.fixture

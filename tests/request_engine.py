@@ -11,13 +11,31 @@ from typing import Any
 from otel_ttft import semconv
 from otel_ttft.runtime import config
 
+_config = [config.Config()]  # what the ``telemetry`` fixture hands the hooks, as instrument() does
+
+
+def use_config(cfg: config.Config) -> None:
+    """Parts made from now on get ``cfg`` (its providers), as ``instrument(...)`` would give."""
+    _config[0] = cfg
+
+
+def current_config() -> config.Config:
+    return _config[0]
+
+
+def our_tracer() -> Any:
+    """Our tracer on the test's provider (the one ``use_config`` gave, else the global one)."""
+    from opentelemetry import trace
+
+    return trace.get_tracer("otel_ttft", tracer_provider=_config[0].tracer_provider)
+
 
 def process_state() -> Any:
-    """A process's state as ``_instrument`` builds it, from the config in force."""
+    """A process's state as ``_instrument`` builds it, from the test's config."""
     from otel_ttft.runtime.hooks import all_parts
     from otel_ttft.runtime.state import ProcessState
 
-    return ProcessState(config.current, all_parts())
+    return ProcessState(_config[0], all_parts())
 
 
 def api_part() -> Any:

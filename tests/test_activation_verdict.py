@@ -15,6 +15,7 @@ import yaml
 from otel_ttft import semconv
 from otel_ttft.diagnosis import activation as diagnosis
 from otel_ttft.diagnosis import thresholds
+from tests.request_engine import current_config, our_tracer
 
 ROOT = Path(__file__).resolve().parents[1]
 STARTUP = {"warmup.process_start": 20.0, "warmup.frontend": 1.0, "load.read": 1.0, "load": 0.5,
@@ -185,22 +186,32 @@ def _activation(verdict, ledger, spans, vllm_config, compile_s: float):
 
     from otel_ttft.runtime import clock
 
-    verdict.reset()
-    verdict.note_config(vllm_config)
-    assert verdict.wait_for_history(60)
+    live = _live(verdict)
+    live.note_config(vllm_config)
+    assert live.wait_for_history(60)
     end = clock.now_ns()
     start = end - int((20 + compile_s) * 1e9)
-    root = spans.tracer().start_span(semconv.SPAN_ACTIVATION, start_time=start)
+    root = our_tracer().start_span(semconv.SPAN_ACTIVATION, start_time=start)
     parent = trace.set_span_in_context(root)
     spans.emit_span(semconv.SPAN_PROCESS_START, start, start + int(15e9),
-                    stage=semconv.STAGE_WARMUP_PROCESS_START, context=parent)
+                    stage=semconv.STAGE_WARMUP_PROCESS_START, context=parent,
+                    tracer=our_tracer())
     spans.emit_span(semconv.SPAN_TORCH_COMPILE, start + int(16e9),
                     start + int((16 + compile_s) * 1e9), stage=semconv.STAGE_WARMUP_COMPILE,
                     context=parent, attributes={semconv.ATTR_COMPILE_CACHE_HIT: False,
-                                                semconv.ATTR_COMPILE_CACHE_DIR: "/tmp/cc"})
-    verdict.on_ready(root, start, end)
+                                                semconv.ATTR_COMPILE_CACHE_DIR: "/tmp/cc"},
+                    tracer=our_tracer())
+    live.on_ready(root, start, end)
     root.end(end_time=end)
-    return root
+    return root, live
+
+
+def _live(verdict):
+    """A fresh live-verdict part, as ``_instrument`` makes it in a new process."""
+    from otel_ttft.runtime.state import PartSpec, ProcessState
+
+    return ProcessState(current_config(), [PartSpec(verdict.PART, verdict.LiveVerdict)]) \
+        .part(verdict.PART)
 
 
 def _verdict(exporter, root, phase: str) -> object:
@@ -217,14 +228,13 @@ def _verdict(exporter, root, phase: str) -> object:
     return child
 
 
-def _cold_requests(verdict, exporter, root) -> object:
+def _cold_requests(live, exporter, root) -> object:
     """The activation's cold requests, done: its child span with the verdict again."""
-    from otel_ttft.runtime import config
-
     act = type("Act", (), {"span_context": root.get_span_context()})()
-    for index in range(1, config.current.cold_requests + 1):
-        verdict.request_done(act, index, 0.05, {"frontend": 0.01, "prefill": 0.04})
-    verdict.request_done(act, config.current.cold_requests + 1, 9.0, {"prefill": 9.0})  # warm
+    cold = current_config().cold_requests
+    for index in range(1, cold + 1):
+        live.request_done(act, index, 0.05, {"frontend": 0.01, "prefill": 0.04})
+    live.request_done(act, cold + 1, 9.0, {"prefill": 9.0})  # warm
     return _verdict(exporter, root, semconv.VERDICT_PHASE_COLD_REQUESTS)
 
 
@@ -243,13 +253,13 @@ def test_the_runtime_judges_each_start_against_the_last(telemetry, vllm_config, 
     monkeypatch.setattr(ledger.state_files, "state_dir", lambda: tmp_path)
     caplog.set_level(logging.INFO, logger="vllm.otel_ttft")
     try:
-        first = _activation(verdict, ledger, spans, vllm_config, compile_s=3.0)
+        first, live = _activation(verdict, ledger, spans, vllm_config, compile_s=3.0)
         assert not any(k.startswith("ttft.verdict.") for k in first.attributes)  # ended first
         attrs = dict(_verdict(exporter, first, semconv.VERDICT_PHASE_READY).attributes)
         assert attrs[semconv.ATTR_VERDICT_OUTCOME] == "no-baseline"
         assert attrs[semconv.ATTR_VERDICT_DURATION_S] == pytest.approx(23.0)
         assert "no baseline yet" in caplog.text
-        child = _cold_requests(verdict, exporter, first)
+        child = _cold_requests(live, exporter, first)
         assert child.attributes[semconv.ATTR_VERDICT_OUTCOME] == "no-baseline"
         assert child.attributes[semconv.ATTR_VERDICT_DURATION_S] == pytest.approx(23.15)
         deadline = time.monotonic() + 30
@@ -259,7 +269,8 @@ def test_the_runtime_judges_each_start_against_the_last(telemetry, vllm_config, 
         (saved,) = activation_history.load(path).records
         assert saved["cold"]["requests"] == 3 and saved["duration_s"] == pytest.approx(23.0)
 
-        second = _activation(verdict, ledger, spans, vllm_config, compile_s=20.0)
+        live.close()
+        second, live = _activation(verdict, ledger, spans, vllm_config, compile_s=20.0)
         attrs = dict(_verdict(exporter, second, semconv.VERDICT_PHASE_READY).attributes)
         assert attrs[semconv.ATTR_VERDICT_OUTCOME] == "expanded"
         assert attrs[semconv.ATTR_VERDICT_BASELINE] == "thin"
@@ -275,7 +286,7 @@ def test_the_runtime_judges_each_start_against_the_last(telemetry, vllm_config, 
         assert "(the compile cache missed, cache under /tmp/cc)" in caplog.text
 
         # Its cold requests: once the last is done, a child span with the verdict again.
-        child = _cold_requests(verdict, exporter, second)
+        child = _cold_requests(live, exporter, second)
         assert child.attributes[semconv.ATTR_VERDICT_PHASE] == "cold_requests"
         assert child.attributes[semconv.ATTR_VERDICT_OUTCOME] == "expanded"
         assert child.attributes[semconv.ATTR_VERDICT_SUBSTAGE] == semconv.STAGE_WARMUP_COMPILE
@@ -295,7 +306,7 @@ def test_the_runtime_judges_each_start_against_the_last(telemetry, vllm_config, 
         assert point.attributes[semconv.ATTR_ACTIVATION_TRACE_ID] == format(
             second.get_span_context().trace_id, "032x")
     finally:
-        verdict.reset()
+        live.close()
 
 
 @pytest.mark.vllm_import
@@ -303,16 +314,15 @@ def test_switched_off_it_reads_and_writes_nothing(telemetry, vllm_config, tmp_pa
                                                   monkeypatch):
     from otel_ttft.runtime.hooks import activation_ledger as ledger
     from otel_ttft.runtime.hooks import activation_verdict as verdict
-    from otel_ttft.runtime.telemetry import spans
 
     telemetry()
     monkeypatch.setenv("OTEL_TTFT_VERDICT", "false")
     monkeypatch.setenv("OTEL_TTFT_VERDICT_HISTORY", str(tmp_path / "h.json"))
-    verdict.reset()
-    verdict.note_config(vllm_config)
-    assert not verdict.wait_for_history(0)
-    root = spans.tracer().start_span(semconv.SPAN_ACTIVATION)
-    verdict.on_ready(root, 0, 1)
+    live = _live(verdict)
+    live.note_config(vllm_config)
+    assert not live.wait_for_history(0)
+    root = our_tracer().start_span(semconv.SPAN_ACTIVATION)
+    live.on_ready(root, 0, 1)
     root.end()
     assert not any(k.startswith("ttft.verdict.") for k in root.attributes)
     assert not (tmp_path / "h.json").exists()

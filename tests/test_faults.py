@@ -32,6 +32,7 @@ from otel_ttft.tools.replay.server import free_port
 from otel_ttft.tools.sink.otlp_decode import decode_trace_request
 from tests.collector_faults import SilentCollector
 from tests.otel_memory import memory_exporter
+from tests.request_engine import current_config, our_tracer
 
 EXIT_SCRIPT = textwrap.dedent('''
     import os, sys, time
@@ -92,10 +93,11 @@ def test_open_spans_nest_in_opening_order_whatever_their_start_times():
     step): the outermost span is the one opened first, the innermost the one opened last."""
     tracker = _stage_spans()
     ahead = clock.now_ns() + 4_000_000_000
-    root = spans.tracer().start_span(semconv.SPAN_ACTIVATION, start_time=ahead)
+    root = our_tracer().start_span(semconv.SPAN_ACTIVATION, start_time=ahead)
     try:
         with trace.use_span(root), \
-                spans.stage_span(semconv.SPAN_SHARD_READ, semconv.STAGE_LOAD_READ) as shard:
+                spans.stage_span(semconv.SPAN_SHARD_READ, semconv.STAGE_LOAD_READ,
+                                 tracer=our_tracer()) as shard:
             assert [s.name for s in tracker.open_spans()] == [
                 semconv.SPAN_ACTIVATION, semconv.SPAN_SHARD_READ]
             assert tracker.innermost() is shard
@@ -108,12 +110,13 @@ def test_open_spans_give_the_in_progress_stage_and_an_unfinished_snapshot():
     exporter = memory_exporter()
     tracker = _stage_spans()
     exporter.clear()
-    tracer = spans.tracer()
+    tracer = our_tracer()
     root = tracer.start_span(semconv.SPAN_ACTIVATION, start_time=clock.now_ns())
     try:
         with trace.use_span(root), \
-                spans.stage_span("Load weights", semconv.STAGE_LOAD), \
-                spans.stage_span(semconv.SPAN_SHARD_READ, semconv.STAGE_LOAD_READ) as shard:
+                spans.stage_span("Load weights", semconv.STAGE_LOAD, tracer=our_tracer()), \
+                spans.stage_span(semconv.SPAN_SHARD_READ, semconv.STAGE_LOAD_READ,
+                                 tracer=our_tracer()) as shard:
             assert tracker.innermost() is shard
             watch = inflight.InflightWatch.__new__(inflight.InflightWatch)  # its gauge alone
             watch.tracker = tracker
@@ -142,11 +145,11 @@ def test_open_spans_end_with_an_error_and_name_the_failed_stage():
     exporter = memory_exporter()
     _stage_spans()
     exporter.clear()
-    root = spans.tracer().start_span(semconv.SPAN_ACTIVATION, start_time=clock.now_ns())
+    root = our_tracer().start_span(semconv.SPAN_ACTIVATION, start_time=clock.now_ns())
     token = trace.use_span(root)
     token.__enter__()
     try:
-        kv = spans.tracer().start_span(
+        kv = our_tracer().start_span(
             semconv.SPAN_KV_ALLOC, start_time=clock.now_ns(),
             attributes={semconv.ATTR_STAGE: semconv.STAGE_WARMUP_KV_ALLOC})
         assert inflight.end_open_spans("process received SIGTERM", "SIGTERM") == 2
@@ -172,8 +175,8 @@ def _child_loads_forever(parent_traceparent: str) -> None:
     configurator.configure({"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"})
     this_process.kind = "worker"
     ctx = TraceContextTextMapPropagator().extract({"traceparent": parent_traceparent})
-    with spans.stage_span("Load weights", semconv.STAGE_LOAD, context=ctx), \
-            spans.stage_span(semconv.SPAN_SHARD_READ, semconv.STAGE_LOAD_READ):
+    with spans.stage_span("Load weights", semconv.STAGE_LOAD, context=ctx, tracer=our_tracer()), \
+            spans.stage_span(semconv.SPAN_SHARD_READ, semconv.STAGE_LOAD_READ, tracer=our_tracer()):
         time.sleep(600)
 
 
@@ -181,7 +184,7 @@ def test_a_child_killed_while_loading_is_reported_by_its_parent():
     exporter = memory_exporter()
     _stage_spans()
     exporter.clear()
-    with spans.tracer().start_as_current_span("Executor init") as parent:
+    with our_tracer().start_as_current_span("Executor init") as parent:
         carrier: dict[str, str] = {}
         from opentelemetry.propagate import inject
 
@@ -199,7 +202,7 @@ def test_a_child_killed_while_loading_is_reported_by_its_parent():
             else:
                 pytest.fail("the child never published its open spans")
             os.kill(child.pid, signal.SIGKILL)
-            assert fault.report_dead_children([child], "worker") == 1
+            assert fault.report_dead_children([child], "worker", current_config()) == 1
         finally:
             child.kill()
             child.join(10)
@@ -265,8 +268,10 @@ SIGNAL_SCRIPT = textwrap.dedent('''
     configurator.configure()
     VllmTTFTInstrumentor().instrument(skip_dep_check=True)  # the watchers start with it
     assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL, "no handler installed"
-    root = spans.tracer().start_span(semconv.SPAN_ACTIVATION)
-    with trace.use_span(root), spans.stage_span("Load weights", semconv.STAGE_LOAD):
+    tracer = trace.get_tracer("otel_ttft")
+    root = tracer.start_span(semconv.SPAN_ACTIVATION)
+    with trace.use_span(root), spans.stage_span("Load weights", semconv.STAGE_LOAD,
+                                                tracer=tracer):
         os.kill(os.getpid(), signal.SIGTERM)
         signal.pause()
 ''')
@@ -375,9 +380,9 @@ def test_a_sampler_that_drops_every_span_leaves_stages_and_compiles_running(monk
 
     _stage_spans()  # the in-flight tracker listens for stages
     dropping = TracerProvider(sampler=ALWAYS_OFF)
-    spans.use_tracer_provider(dropping)
     try:
-        with spans.stage_span(semconv.SPAN_SHARD_READ, semconv.STAGE_LOAD_READ) as span:
+        with spans.stage_span(semconv.SPAN_SHARD_READ, semconv.STAGE_LOAD_READ,
+                              tracer=dropping.get_tracer("t")) as span:
             assert not span.is_recording()
         entered = []
 
@@ -405,15 +410,14 @@ def test_a_sampler_that_drops_every_span_leaves_stages_and_compiles_running(monk
         assert warmup.COMPILE.failed
     finally:
         warmup.COMPILE.failed = False
-        spans.use_tracer_provider(None)
 
 
 def test_a_stage_given_after_the_span_opened_is_in_the_published_chain():
     """A shard read opens, then gets its stage (``tag_span``): while instrumented the in-flight
     watch hears it, and a parent that finds the child dead reads the stage it died in."""
     tracker = _stage_spans()
-    state = ProcessState(config.current, [PartSpec(inflight.PART, inflight.InflightWatch)])
-    span = spans.tracer().start_span(semconv.SPAN_SHARD_READ, start_time=clock.now_ns())
+    state = ProcessState(current_config(), [PartSpec(inflight.PART, inflight.InflightWatch)])
+    span = our_tracer().start_span(semconv.SPAN_SHARD_READ, start_time=clock.now_ns())
     try:
         assert span in tracker.open_spans()
         spans.tag_span(span, semconv.STAGE_LOAD_READ, None)

@@ -12,18 +12,18 @@ from pathlib import Path
 import pytest
 
 from otel_ttft import semconv
-from otel_ttft.runtime import config
 from otel_ttft.runtime.context import process as this_process
 from otel_ttft.runtime.hooks import first_use
 from otel_ttft.runtime.hooks.registry import HookSet
 from otel_ttft.runtime.state import PartSpec, ProcessState
+from tests.request_engine import current_config
 
 
 @pytest.fixture
 def imports_hooked(monkeypatch: pytest.MonkeyPatch):
     hook = next(h for h in first_use.HOOKS if h.name == "request.first_use.imports")
     monkeypatch.setattr(this_process, "kind", semconv.PROCESS_API_SERVER)
-    hooks = HookSet([hook], ProcessState(config.current,
+    hooks = HookSet([hook], ProcessState(current_config(),
                                          [PartSpec(first_use.PART, first_use.FirstUse)]))
     hooks.apply()
     assert hook.applied

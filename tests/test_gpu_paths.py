@@ -96,7 +96,7 @@ class _Scheduler:
 
 
 def test_sleep_and_wake_up_around_the_real_engine_core_methods(exporter, hooks):
-    hooks(*[h for h in activation.HOOKS if h.name in ("switch.engine_sleep",
+    state = hooks(*[h for h in activation.HOOKS if h.name in ("switch.engine_sleep",
                                                       "switch.engine_wake_up")])
     from vllm.v1.engine.core import EngineCore
 
@@ -116,7 +116,7 @@ def test_sleep_and_wake_up_around_the_real_engine_core_methods(exporter, hooks):
     (wake,) = _finished(exporter, semconv.SPAN_WAKE_UP)
     assert wake.parent.span_id == root.context.span_id
     assert wake.attributes[semconv.ATTR_STAGE] == semconv.STAGE_LOAD_H2D
-    last = activation.last_activation()
+    last = state.part(activation.PART).latest
     assert last.kind == "wake" and last.span_context.span_id == root.context.span_id
 
 

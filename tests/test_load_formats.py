@@ -33,8 +33,13 @@ def _named(exporter, name):
 
 @pytest.fixture
 def process_state():
-    """The process state ``_instrument`` builds, with the load family's part; closed after."""
-    state = ProcessState(Config(), load_family.PARTS)
+    """The process state ``_instrument`` builds, with the load family's part (and the stage
+    metrics it records shard reads into); closed after."""
+    from otel_ttft.runtime.state import PartSpec
+    from otel_ttft.runtime.telemetry import metrics as stage_metrics
+
+    state = ProcessState(Config(), [PartSpec(stage_metrics.PART, stage_metrics.StageMetrics),
+                                    *load_family.PARTS])
     yield state
     state.close()
 

@@ -56,13 +56,15 @@ SCRIPT = textwrap.dedent('''
     instrumentor = VllmTTFTInstrumentor()
     instrumentor.instrument(tracer_provider=tp, meter_provider=mp, skip_dep_check=True)
     out = {"processors_kept": processors(tp) == before}
-    root = spans.tracer().start_span(semconv.SPAN_ACTIVATION)
-    with trace.use_span(root), spans.stage_span(semconv.SPAN_SHARD_READ, semconv.STAGE_LOAD_READ):
-        our_metrics.record_activation_stage(semconv.STAGE_LOAD_READ, 1.5, "m")
+    state = instrumentor.state  # what every hook is handed
+    root = state.tracer.start_span(semconv.SPAN_ACTIVATION)
+    with trace.use_span(root), spans.stage_span(semconv.SPAN_SHARD_READ, semconv.STAGE_LOAD_READ,
+                                                tracer=state.tracer):
+        state.part(our_metrics.PART).record_activation_stage(semconv.STAGE_LOAD_READ, 1.5, "m")
         out["metrics_private"], out["metrics_global"] = names(reader), names(global_reader)
     root.end()
     global_tp.get_tracer("t").start_span("global span").end()  # stays queued: not flushed
-    spans.flush_async()
+    spans.flush_async(state.config)
     deadline = time.monotonic() + 30
     while not batched.get_finished_spans() and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -14,15 +14,13 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_ttft import semconv
-from otel_ttft.runtime import config
 from otel_ttft.runtime import environment_variables as env
 from otel_ttft.runtime.config import Config
 from otel_ttft.runtime.hooks.request.state import RequestRecord
 from otel_ttft.runtime.hooks.request.timeline import SCHEDULED
-from otel_ttft.runtime.telemetry import spans
 from otel_ttft.tools.analysis.breakdown import collect
 from tests import analysis_fixtures as fx
-from tests.request_engine import api_part
+from tests.request_engine import api_part, use_config
 
 SAMPLED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 NOT_SAMPLED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
@@ -55,15 +53,13 @@ def policy():
                                env.OTEL_TTFT_REQUEST_DETAIL_RATIO: ratio},
                               tracer_provider=telemetry.tracer_provider,
                               meter_provider=telemetry.meter_provider)
-        config.configure(cfg)
-        spans.use_tracer_provider(telemetry.tracer_provider)
+        use_config(cfg)
         use.part = api_part()
         return cfg
 
     use.telemetry = telemetry
     yield use
-    config.configure(Config())
-    spans.use_tracer_provider(None)
+    use_config(Config())
 
 
 def _record(ttft: float, model: str = "tiny", cold: bool = False, error: str | None = None,

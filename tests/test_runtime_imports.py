@@ -64,10 +64,6 @@ RULE = ("otel_ttft.diagnosis.activation", "otel_ttft.diagnosis.rule",
         "otel_ttft.diagnosis.vocabulary_store")
 
 
-@pytest.mark.xfail(strict=True, reason="runtime/activation_history.py and "
-                   "runtime/hooks/activation_ledger.py import otel_ttft.diagnosis.activation at "
-                   "module level: they should import otel_ttft.diagnosis.record (the record's "
-                   "shape, without the rule); then remove this mark")
 def test_importing_the_runtime_leaves_the_rule_unloaded():
     loaded = set(_loaded_after_importing_the_runtime())
     assert loaded.isdisjoint(RULE), sorted(loaded & set(RULE))

@@ -19,12 +19,13 @@ import psutil
 import pytest
 
 from otel_ttft import semconv
-from otel_ttft.runtime import clock, config
+from otel_ttft.runtime import clock
 from otel_ttft.runtime.hooks import all_parts, switch
 from otel_ttft.runtime.state import PartSpec, ProcessState
 from otel_ttft.tools.replay.server import VllmServer
 from tests.export_env import EXPORT_ENV
 from tests.otel_memory import memory_exporter
+from tests.request_engine import current_config
 from tests.vllm_args import EAGER_ARGS
 
 
@@ -34,7 +35,7 @@ def fresh_switch(monkeypatch):
     monkeypatch.setattr(switch, "EXIT_WAIT_S", 0.1)
     monkeypatch.setattr(switch, "API_EXIT_WAIT_S", 0.2)  # no interpreter exit in a test
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    state = ProcessState(config.current, [PartSpec(switch.PART, switch.SwitchState)])
+    state = ProcessState(current_config(), [PartSpec(switch.PART, switch.SwitchState)])
     yield state.part(switch.PART)
     state.close()
     for sig, handler in saved.items():
@@ -182,7 +183,7 @@ def test_sleep_request_is_one_switch_span_with_engine_sleep_under_it(monkeypatch
     monkeypatch.setattr(os, "getppid", os.getpid)
     hook_set = HookSet([h for h in switch.HOOKS + activation.HOOKS
                         if h.name in ("switch.api_sleep", "switch.engine_sleep")],
-                       ProcessState(config.current, all_parts()))
+                       ProcessState(current_config(), all_parts()))
     hook_set.apply()
     try:
         calls = []

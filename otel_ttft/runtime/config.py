@@ -1,7 +1,8 @@
 """One frozen config, read when the instrumentor runs (``_instrument``), never at import.
 
-Hooks read :data:`current`; ``_instrument(tracer_provider=..., meter_provider=...)`` and the
-``OTEL_*`` settings listed in ``environment_variables`` end up here. ``tracer_provider()`` and
+``_instrument(tracer_provider=..., meter_provider=...)`` and the ``OTEL_*`` settings listed in
+``environment_variables`` end up here, on the process's state (``ProcessState.config``), which
+each part keeps what it needs of. ``tracer_provider()`` and
 ``meter_provider()`` say which providers everything we create uses: the ones given to
 ``instrument()``, else the global ones.
 """
@@ -100,40 +101,30 @@ def _float(environ: Mapping[str, str], name: str, default: float, *,
     return value if high is None else min(value, high)
 
 
-current = Config()
-"""The config in force; replaced as a whole by ``configure``. Transitional (issue 53): read by
-the modules not yet handed their part's ``config`` (``ProcessState.config``)."""
-
-
-def configure(config: Config) -> None:
-    global current
-    current = config
-
-
-def tracer_provider(cfg: Config | None = None) -> Any:
+def tracer_provider(cfg: Config) -> Any:
     """The tracer provider our spans, processors and flushes use: the one given to
-    ``instrument()`` (``cfg``'s; default: the config in force), else the global one (a proxy
+    ``instrument()`` (``cfg``'s), else the global one (a proxy
     until someone installs one)."""
-    provider = (cfg or current).tracer_provider
+    provider = cfg.tracer_provider
     return provider if provider is not None else trace.get_tracer_provider()
 
 
-def meter_provider(cfg: Config | None = None) -> Any:
+def meter_provider(cfg: Config) -> Any:
     """The meter provider our instruments use: the one given to ``instrument()``, else the
     global one."""
-    provider = (cfg or current).meter_provider
+    provider = cfg.meter_provider
     return provider if provider is not None else metrics.get_meter_provider()
 
 
-def tracing_ready(cfg: Config | None = None) -> bool:
+def tracing_ready(cfg: Config) -> bool:
     """A tracer provider exists: one was given to ``instrument()`` or installed globally
     (opentelemetry-instrument, vLLM); until then our spans would go nowhere."""
-    return ((cfg or current).tracer_provider is not None
+    return (cfg.tracer_provider is not None
             or not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider))
 
 
-def metrics_ready(cfg: Config | None = None) -> bool:
+def metrics_ready(cfg: Config) -> bool:
     """A meter provider exists: given to ``instrument()``, or an SDK one installed globally (the
     API's proxy and no-op providers cannot flush)."""
-    return (cfg or current).meter_provider is not None or hasattr(metrics.get_meter_provider(),
+    return cfg.meter_provider is not None or hasattr(metrics.get_meter_provider(),
                                                                   "force_flush")

@@ -50,43 +50,31 @@ class VllmTTFTInstrumentor(BaseInstrumentor):
 
     def _instrument(self, **kwargs: Any) -> None:
         """``tracer_provider`` / ``meter_provider`` as in every contrib instrumentor (default: the
-        global ones); the ``OTEL_*`` settings (``environment_variables``) are read here, once.
-        Nothing in a helper process (``runtime.gate``), whoever calls it."""
+        global ones); the ``OTEL_*`` settings (``environment_variables``) are read here, once,
+        into the process's state, which every hook that keeps anything is handed. Nothing in a
+        helper process (``runtime.gate``), whoever calls it."""
         if gate.classify() == gate.HELPER:
             return
         from otel_ttft.runtime import config
         from otel_ttft.runtime.hooks import all_hooks, all_parts
         from otel_ttft.runtime.hooks.registry import HookSet
-        from otel_ttft.runtime.hooks.request import metrics as request_metrics
         from otel_ttft.runtime.state import ProcessState
-        from otel_ttft.runtime.telemetry import spans
 
         cfg = config.Config.from_env(**kwargs)
-        config.configure(cfg)
-        spans.use_tracer_provider(cfg.tracer_provider)
-        request_metrics.reset()
         self._state = ProcessState(cfg, all_parts())
         self._hooks = HookSet(all_hooks(), self._state)
         self._hooks.apply(disabled=disabled_hooks(self._hooks.hooks, cfg))
 
     def _uninstrument(self, **kwargs: Any) -> None:
-        """Every wrapper undone, the signal chain put back, our state forgotten; providers were
-        never changed (our processors belong to our configurator's provider)."""
-        from otel_ttft.runtime import config
-        from otel_ttft.runtime.hooks.request import metrics as request_metrics
-        from otel_ttft.runtime.hooks.request.state import book
-        from otel_ttft.runtime.telemetry import spans
-
+        """Every wrapper undone and the state closed (spans ended, handlers, callbacks and
+        descriptors handed back); providers were never changed (our processors belong to our
+        configurator's provider)."""
         if self._hooks is not None:
             self._hooks.remove()
             self._hooks = None
         if self._state is not None:
             self._state.close()
             self._state = None
-        book.clear()
-        config.configure(config.Config())
-        spans.use_tracer_provider(None)
-        request_metrics.reset()
 
 
 def disabled_hooks(hooks: Collection[Hook], cfg: config.Config) -> set[str]:

@@ -57,8 +57,7 @@ class ActivationState:
         self.frontend_span: trace.Span | None = None
         self.latest: Activation | None = None
         self.process_start_emitted = False
-        global _open_state
-        _open_state = self
+        self.verdict = process_state.part(activation_verdict.PART)  # judges it at ready
 
     def tracing_ready(self) -> bool:
         return config.tracing_ready(self.config)
@@ -122,37 +121,19 @@ class ActivationState:
             mark_failed_stage(root)
         elif self.latest is not None:
             self.latest.ready_ns = end
-            activation_verdict.on_ready(root, self.latest.start_ns, end)  # before it ends
+            self.verdict.on_ready(root, self.latest.start_ns, end)  # before it ends
         root.end(end_time=end)
 
     def close(self) -> None:
         """Uninstrumented before ready: the front-end span and the root end now, marked so."""
-        global _open_state
         end = clock.now_ns()
         for span in (self.frontend_span, self.root):
             if span is not None and span.is_recording():
                 span.set_attribute(semconv.ATTR_SPAN_ENDED_BY, UNINSTRUMENTED)
                 span.end(end_time=end)
-        if _open_state is self:
-            _open_state = None
 
 
 UNINSTRUMENTED = "uninstrument"
-
-_open_state: ActivationState | None = None
-"""Transitional (issue 53): the open part, for the readers the merge has not handed it to yet
-(``request.cold`` reads ``latest``, ``plugin`` calls ``on_plugin_loaded``)."""
-
-
-def __getattr__(name: str) -> Any:
-    if name == "latest":  # ``request.cold`` reads ``activation.latest``
-        return _open_state.latest if _open_state is not None else None
-    raise AttributeError(name)
-
-
-def last_activation() -> Activation | None:
-    return _open_state.latest if _open_state is not None else None
-
 
 def _note_model(vllm_config: Any) -> None:
     model_config = getattr(vllm_config, "model_config", None)
@@ -206,10 +187,10 @@ def _wrap_named_api_call(span_name: str, stage: str):
     def wrapper(act, call, instance, args, kwargs):
         if args and hasattr(args[0], "model_config"):
             _note_model(args[0])
-            activation_verdict.note_config(args[0])
+            act.verdict.note_config(args[0])
         elif "vllm_config" in kwargs:
             _note_model(kwargs["vllm_config"])
-            activation_verdict.note_config(kwargs["vllm_config"])
+            act.verdict.note_config(kwargs["vllm_config"])
         token = _under_root(act)
         try:
             if token is None and not trace.get_current_span().is_recording():
@@ -295,11 +276,10 @@ def _wrap_child_init(kind: str):
     return wrapper
 
 
-def on_plugin_loaded(act: ActivationState | None = None) -> None:
+def on_plugin_loaded(act: ActivationState | None) -> None:
     """vLLM's plugin loader runs inside "EngineCoreProc init" / "Worker init" in children: the
-    process-start span then ends where that span began. (``act``: the open part by default,
-    until ``plugin`` is handed it.)"""
-    act = act if act is not None else _open_state
+    process-start span then ends where that span began (``act``: this process's activation
+    part; None when not instrumented)."""
     current = trace.get_current_span()
     name = getattr(current, "name", None)
     kind = {"EngineCoreProc init": ENGINE_CORE, "Worker init": WORKER}.get(name or "")

@@ -59,7 +59,7 @@ class ChildDeaths:
 PART = "fault"
 
 
-def end_dead_child_spans(chain: list[dict], reason: str, cfg: config.Config | None = None
+def end_dead_child_spans(chain: list[dict], reason: str, cfg: config.Config
                          ) -> int:
     """A killed child's open spans (from its published chain), ended now with an error."""
     now = clock.now_ns()
@@ -88,7 +88,7 @@ def end_dead_child_spans(chain: list[dict], reason: str, cfg: config.Config | No
     return sent
 
 
-def report_dead_children(procs: list[Any], kind: str, cfg: config.Config | None = None) -> int:
+def report_dead_children(procs: list[Any], kind: str, cfg: config.Config) -> int:
     """Report every process in ``procs`` that has died (nonzero exit) on the current span."""
     deadline = time.monotonic() + _GRACE_S
     span = trace.get_current_span()

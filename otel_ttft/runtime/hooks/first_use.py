@@ -39,15 +39,8 @@ class FirstUse:
     any thread; appends are atomic, no lock) and each thread's depth of nested module loads."""
 
     def __init__(self, process_state: Any = None) -> None:
-        global _open_state
         self.fills: deque[Fill] = deque(maxlen=256)
         self.nesting = threading.local()
-        _open_state = self
-
-    def close(self) -> None:
-        global _open_state
-        if _open_state is self:
-            _open_state = None
 
     def within(self, start: float, end: float) -> list[Fill]:
         """The fills that began inside ``[start, end]``, in time order. Fills are kept in the
@@ -60,17 +53,6 @@ class FirstUse:
 
 
 PART = "first_use"
-
-_open_state: FirstUse | None = None
-"""Transitional (issue 53): the open part, for ``request.spans`` (``within``) until the merge
-hands it the part."""
-
-
-def within(start: float, end: float) -> list[Fill]:
-    """Transitional: ``FirstUse.within`` of the open part (none: no fills)."""
-    part = _open_state
-    return part.within(start, end) if part is not None else []
-
 
 def _filler(label: str) -> Callable[..., Any]:
     def wrapper(part: FirstUse, call: Any, instance: Any, args: tuple, kwargs: dict) -> Any:

@@ -45,7 +45,7 @@ class TracedCall:
             if self.method == LAST_STARTUP_METHOD:
                 from otel_ttft.runtime.telemetry import spans
 
-                spans.flush_async()
+                spans.flush_async(None)  # the worker's own provider (global)
 
     def __repr__(self) -> str:  # vLLM logs the method on failure
         return self.method

@@ -145,8 +145,6 @@ class SwitchState:
         self.lock = threading.Lock()
         self.previous: dict[int, Any] = {}
         self.eviction: _Eviction | None = None
-        global _open_state
-        _open_state = self
 
     def start_eviction(self, signame: str) -> _Eviction | None:
         """The stop signal arrived: open the span and wait for the engine in a thread (once)."""
@@ -212,7 +210,6 @@ class SwitchState:
     def close(self) -> None:
         """The signals back to the handlers we found; an eviction still waiting ends now (its
         thread wakes and finds it ended) and its exit handler is taken back."""
-        global _open_state
         self.remove_signal_chain()
         eviction = self.eviction
         if eviction is not None:
@@ -221,21 +218,10 @@ class SwitchState:
                 eviction.span.set_attribute(semconv.ATTR_SPAN_ENDED_BY, "uninstrument")
                 eviction.end(len(_alive(eviction.procs)))
             eviction.exiting.set()
-        if _open_state is self:
-            _open_state = None
 
 
 PART = "switch"
 
-_open_state: SwitchState | None = None
-"""Transitional (issue 53): the open part, for ``instrumentor._uninstrument``'s
-``remove_signal_chain()`` until it only closes the state."""
-
-
-def remove_signal_chain() -> None:
-    """Transitional: closing the ``switch`` part hands the signals back (this is the same)."""
-    if _open_state is not None:
-        _open_state.remove_signal_chain()
 
 
 async def _wrap_uvicorn_startup(switch, call, instance, args, kwargs):

@@ -246,11 +246,6 @@ def forget_before_exit_flush(callback: Callable[[], None]) -> None:
         _Exit.callbacks.remove(callback)
 
 
-before_flush = before_exit_flush
-"""Transitional (issue 53): ``request.settle`` registers at import; the merge moves it to its
-part."""
-
-
 def bounded_exit(timeout_s: float | None = None) -> None:
     """Callbacks first, then both providers shut down in parallel until the deadline; what did
     not go is counted and logged. Runs once."""

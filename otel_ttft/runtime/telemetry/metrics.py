@@ -24,9 +24,8 @@ from otel_ttft.version import __version__
 
 
 def meter(name: str = "otel_ttft", provider: Any = None) -> Any:
-    """A meter of ours on ``provider``, default: the one in force (``config.meter_provider``)."""
-    return metrics.get_meter(name, __version__, meter_provider=provider if provider is not None
-                             else config.current.meter_provider)
+    """A meter of ours on ``provider`` (None: the global one)."""
+    return metrics.get_meter(name, __version__, meter_provider=provider)
 
 
 # --- observable gauges: one callback per provider, fed by the part open now ---------------------

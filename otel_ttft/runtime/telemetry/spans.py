@@ -19,29 +19,16 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from otel_ttft import semconv
 from otel_ttft.runtime import clock, config
 from otel_ttft.runtime.context import process as this_process
-from otel_ttft.version import __version__
 
 logger = logging.getLogger("otel_ttft")
 
-_tracer = trace.get_tracer("otel_ttft", __version__)  # a proxy until a provider exists
-"""Transitional (issue 53): the tracer of code not yet handed its part's (``tracer=``)."""
-
-
-def tracer() -> trace.Tracer:
-    return _tracer
-
-
-def use_tracer_provider(provider: trace.TracerProvider | None) -> None:
-    """``instrument(tracer_provider=...)``: our spans go there; ``None``: the global provider."""
-    global _tracer
-    _tracer = trace.get_tracer("otel_ttft", __version__, tracer_provider=provider)
-
-
-def flush_async(cfg: config.Config | None = None) -> None:
+def flush_async(cfg: config.Config | None) -> None:
     """Export what this process has so far without blocking vLLM: a child can be killed at
     shutdown before its batch processor's next tick, and its start-up spans would be lost.
-    ``cfg``'s provider is flushed (default: the config in force)."""
-    flush = getattr(config.tracer_provider(cfg), "force_flush", None)
+    ``cfg``'s provider is flushed (None: the global one, for code run where no part is at hand:
+    a worker's end of an RPC)."""
+    flush = getattr(config.tracer_provider(cfg) if cfg is not None
+                    else trace.get_tracer_provider(), "force_flush", None)
     if flush is not None:
         import threading
 
@@ -81,7 +68,7 @@ def tag_span(span: Span, stage: str | None, attributes: Mapping[str, Any] | None
 def stage_span(name: str, stage: str | None, *, enrich: str | None = None,
                attributes: Mapping[str, Any] | None = None,
                context: otel_context.Context | None = None,
-               tracer: trace.Tracer | None = None) -> Iterator[Span]:
+               tracer: trace.Tracer) -> Iterator[Span]:
     """Yield the span that measures this stage.
 
     If vLLM already has its span ``enrich`` open around us, that span is the stage: we add our
@@ -93,7 +80,7 @@ def stage_span(name: str, stage: str | None, *, enrich: str | None = None,
         yield current
         return
     # The stage goes in at start: span processors (the in-flight tracker) see it on_start.
-    span = (tracer or _tracer).start_span(name, context=context, start_time=clock.now_ns(),
+    span = tracer.start_span(name, context=context, start_time=clock.now_ns(),
                               attributes={semconv.ATTR_STAGE: stage} if stage else None)
     tag_span(span, stage, attributes)
     token = otel_context.attach(trace.set_span_in_context(span))
@@ -112,9 +99,9 @@ def emit_span(name: str, start_ns: int, end_ns: int, *, stage: str | None = None
               context: otel_context.Context | None = None,
               attributes: Mapping[str, Any] | None = None,
               kind: SpanKind = SpanKind.INTERNAL,
-              tracer: trace.Tracer | None = None) -> Span:
+              tracer: trace.Tracer) -> Span:
     """A finished span from timestamps already taken (one clock, epoch ns)."""
-    span = (tracer or _tracer).start_span(name, context=context, start_time=start_ns, kind=kind)
+    span = tracer.start_span(name, context=context, start_time=start_ns, kind=kind)
     tag_span(span, stage, attributes)
     span.end(end_time=max(end_ns, start_ns))
     return span

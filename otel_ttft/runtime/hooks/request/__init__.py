@@ -36,6 +36,7 @@ from __future__ import annotations
 import functools
 
 from otel_ttft import semconv
+from otel_ttft.runtime.hooks import activation, activation_verdict, first_use
 from otel_ttft.runtime.hooks.registry import Hook, report_failure
 from otel_ttft.runtime.hooks.request import api, ends, engine, graphs, worker
 from otel_ttft.runtime.hooks.request.flush import wrap_stream_response
@@ -112,7 +113,10 @@ _FINISH = next(h for h in HOOKS if h.name == "request.finish")
 def _api_part(ps: ProcessState) -> api.ApiRequests:
     # a failure of ours outside any wrapper (the deferred emission) is the finish hook's
     return api.ApiRequests(ps.config, ps.tracer, ps.meter,
-                           functools.partial(report_failure, _FINISH))
+                           functools.partial(report_failure, _FINISH),
+                           activations=ps.part(activation.PART),
+                           fills=ps.part(first_use.PART),
+                           verdict=ps.part(activation_verdict.PART))
 
 
 PARTS: list[PartSpec] = [

@@ -36,12 +36,13 @@ class ApiRequests:
     requests. The hooks here and in ``ends`` call their methods."""
 
     def __init__(self, config: Any, tracer: trace.Tracer, meter: metrics.Meter,
-                 on_failure: Any) -> None:
+                 on_failure: Any, *, activations: Any, fills: Any, verdict: Any) -> None:
         self.config = config
         self.capture = bool(config.capture_content)
         self.book = Requests()
-        self.cold = ColdCounter(config.cold_requests)
-        self.emitter = RequestEmitter(tracer, RequestMetrics(meter), DetailPolicy(config))
+        self.cold = ColdCounter(config.cold_requests, activations)
+        self.emitter = RequestEmitter(tracer, RequestMetrics(meter), DetailPolicy(config),
+                                      fills, verdict)
         self.settler = Settler(self.book, self.emitter.emit, on_failure)
 
     def close(self) -> None:

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from otel_ttft.runtime.hooks import activation
-
 
 class ColdCounter:
     """The activation being counted (each is a new object) and the requests since."""
 
-    __slots__ = ("limit", "counted", "count_since")
+    __slots__ = ("limit", "activations", "counted", "count_since")
 
-    def __init__(self, cold_requests: int) -> None:
+    def __init__(self, cold_requests: int, activations: Any) -> None:
         self.limit = cold_requests
+        self.activations = activations  # the activation part: its ``latest``
         self.counted: Any = None
         self.count_since = 0
 
@@ -22,7 +21,7 @@ class ColdCounter:
         """A request arrived: the latest activation (``None`` before the first), the request's
         position among the requests since (1 = first; 0 without one) and whether that makes it
         cold. Called once for every request, record or not."""
-        act = activation.latest  # read, not called: once per request, in the busy step
+        act = self.activations.latest  # read, not called: once per request, in the busy step
         if act is None:
             return None, 0, False
         if act is not self.counted:

@@ -109,11 +109,6 @@ class RequestMetrics:
                 sums[stage] = sums.get(stage, 0.0) + seconds
 
 
-def reset() -> None:
-    """Nothing: the instruments are the API server part's. ``instrumentor`` still calls it;
-    removed at merge."""
-
-
 @cache
 def _attrs(model: str | None, cold: bool, stage: str | None, operation: str) -> dict[str, Any]:
     """One attribute dict per combination, built once (the SDK copies what it keeps)."""

@@ -2,7 +2,7 @@
 (:meth:`Settler.end`). It is emitted once its ``generate`` call took the final output (its first
 chunk's write is known by then, and a caller that left first is seen as an abort), on the event
 loop, ``EMIT_DELAY_S`` after the first of a batch ended. At exit, before the final flush,
-requests still waiting are emitted (``bounded_export.before_flush``, registered when the API
+requests still waiting are emitted (``bounded_export.before_exit_flush``, registered when the API
 server's part is made, inert once it is closed)."""
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ class Settler:
         self.on_failure = on_failure
         self.loop: asyncio.AbstractEventLoop | None = None  # the one look scheduled, if any
         self.closed = False
-        bounded_export.before_flush(self.at_exit)
+        bounded_export.before_exit_flush(self.at_exit)
 
     def close(self) -> None:
-        """``bounded_export`` offers no removal: the exit callback stays, and does nothing."""
         self.closed = True
+        bounded_export.forget_before_exit_flush(self.at_exit)
         self.book.settling.clear()
 
     def end(self, rec: RequestRecord | None, now: float) -> None:

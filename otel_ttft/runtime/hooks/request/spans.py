@@ -16,7 +16,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from otel_ttft import semconv
 from otel_ttft.runtime import clock
-from otel_ttft.runtime.hooks import activation_verdict, first_use
+from otel_ttft.runtime.hooks import first_use
 from otel_ttft.runtime.hooks.request.attributes import (
     named_waits,
     operation_name,
@@ -95,10 +95,12 @@ class RequestEmitter:
     policy."""
 
     def __init__(self, tracer: trace.Tracer, metrics: RequestMetrics,
-                 detail: DetailPolicy) -> None:
+                 detail: DetailPolicy, fills: Any, verdict: Any) -> None:
         self.tracer = tracer
         self.metrics = metrics
         self.detail = detail
+        self.fills = fills  # the front end's first-use fills (``first_use.FirstUse``)
+        self.verdict = verdict  # the live verdict (``activation_verdict.LiveVerdict``)
 
     def close(self) -> None:
         self.metrics.close()
@@ -121,7 +123,7 @@ class RequestEmitter:
                 ttft_end = max(flushed, ttft_end)
         ttft = (ttft_end - rec.arrival) if ttft_end is not None else None
         # This request's own front-end work: the fills that began before EngineCore queued it.
-        fills = first_use.within(rec.arrival, next(
+        fills = self.fills.within(rec.arrival, next(
             t for t in (queued, rec.first_tok, ttft_end, end) if t is not None))
         warmup = _warmup_spans(eng, fills)
         if warmup:
@@ -176,9 +178,8 @@ class RequestEmitter:
                             eng.waiting if eng is not None else None, usage,
                             context=ctx, operation=operation_name(rec.ext_id))
         if rec.cold_index:
-            activation_verdict.request_done(rec.activation, rec.cold_index, ttft, stages,
-                                            warmup, prompt_tokens=rec.prompt_len,
-                                            cached_tokens=rec.cached)
+            self.verdict.request_done(rec.activation, rec.cold_index, ttft, stages, warmup,
+                                      prompt_tokens=rec.prompt_len, cached_tokens=rec.cached)
 
 
 def preemption_events(rec: RequestRecord, schedule: list[tuple[str, float]]

@@ -174,17 +174,6 @@ class Requests:
         self.settling.clear()
 
 
-class _RemovedAtMerge:
-    """``instrumentor._uninstrument`` still calls ``book.clear()``; the records are the API
-    server part's now (``api.ApiRequests.book``). Removed at merge."""
-
-    @staticmethod
-    def clear() -> None:
-        pass
-
-
-book = _RemovedAtMerge()
-
 CALLER_HEADERS: contextvars.ContextVar[Any] = contextvars.ContextVar("otel_ttft_caller",
                                                                    default=None)
 """The ``trace_headers`` of this task's latest ``AsyncLLM.add_request`` call, as the caller sent
