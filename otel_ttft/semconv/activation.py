@@ -113,10 +113,11 @@ ATTR_CHILD_SPAN = "ttft.child.span"  # the innermost span it had open
 METRIC_ACTIVATION_STAGE_IN_PROGRESS = "ttft.activation.stage.in_progress"
 
 # the live verdict: each activation against the earlier ones of its model on this host
-#: a short child of vllm.activation with the verdict once the activation's cold requests are done
-#: (the activation span has ended by then); same ttft.verdict.* attributes as on vllm.activation
+#: a short child of vllm.activation with one verdict (ttft.verdict.*): at ready, and again once
+#: the activation's cold requests are done; judged in a thread after ready, when the activation
+#: span has ended
 SPAN_ACTIVATION_VERDICT = "vllm.activation.verdict"
-#: on vllm.activation and vllm.activation.verdict: when the verdict was taken (VERDICT_PHASES)
+#: on vllm.activation.verdict: when the verdict was taken (VERDICT_PHASES)
 ATTR_VERDICT_PHASE = "ttft.verdict.phase"
 VERDICT_PHASE_READY = "ready"  # ttft.verdict.phase: the server is ready (start -> ready)
 #: ttft.verdict.phase: the activation's cold requests are done (their warm-up counts too)

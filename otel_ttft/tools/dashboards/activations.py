@@ -77,11 +77,11 @@ def build() -> db.Dashboard:
         .with_panel(why_slow_panel())
         .with_panel(traceql_table(
             "Verdicts of recent activations, in words",
-            "The live verdict on each activation span (ttft.verdict.summary, as the server "
-            "logged it, with the change it names); the second verdict, once the activation's "
-            "cold requests are done, is on its vllm.activation.verdict child span.",
-            f'{{ name = "{semconv.SPAN_ACTIVATION}" || name = '
-            f'"{semconv.SPAN_ACTIVATION_VERDICT}" }} | select(span.{semconv.ATTR_VERDICT_OUTCOME}, '
+            "The live verdicts of each activation (ttft.verdict.summary, as the server "
+            "logged it, with the change it names), on its vllm.activation.verdict child spans: "
+            "one at ready, one once the activation's cold requests are done.",
+            f'{{ name = "{semconv.SPAN_ACTIVATION_VERDICT}" }} | '
+            f'select(span.{semconv.ATTR_VERDICT_OUTCOME}, '
             f'span.{semconv.ATTR_VERDICT_SUMMARY})', limit=20, height=7))
         .with_row(db.Row("Stages of each activation"))
         .with_panel(timeseries_panel(

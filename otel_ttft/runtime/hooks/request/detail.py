@@ -1,8 +1,7 @@
 """Which requests get a span, and which get their stage child spans: the request-detail policy.
 
-A request with a span, or a cold one, is counted in our metrics (TTFT and time per stage); a warm
-request without either is only seen here (its model's tail) and left to vLLM's own metrics. A
-span costs far more than a request's hooks and metric samples together (the SDK builds it, the
+Every request is counted in our metrics (TTFT and time per stage, cold and warm apart); a span
+costs far more than a request's hooks and metric samples together (the SDK builds it, the
 exporter encodes every attribute, the export thread sends it): on a busy server that is most of
 our cost. So by default
 (``auto``) the ``llm_request`` span, with its stage children, is built for the requests someone

@@ -1,12 +1,10 @@
 """Request-path instruments: server TTFT (the GenAI semconv name), time spent per stage, and what
 the engine looked like when the latest request arrived.
 
-Which requests are recorded: every request that is cold or gets a span (the detail policy's
-reasons, a caller that traces it); a warm request nobody will open is left to vLLM's own
-metrics (``vllm:time_to_first_token_seconds``, ``vllm:request_queue_time_seconds``,
-``vllm:request_prefill_time_seconds``), which hold every request's TTFT, queue and prefill.
+Every request is recorded, span or not: vLLM's own histograms
+(``vllm:time_to_first_token_seconds``...) do not split cold from warm, nor TTFT into stages.
 
-TTFT is a histogram, one sample per recorded request. Buckets are the
+TTFT is a histogram, one sample per request. Buckets are the
 GenAI convention's TTFT boundaries (1 ms .. 10 s) extended to 1200 s: a request that waited on a
 cold start is measured in minutes. The sample takes the request span's context when the request
 has a span, so SDKs with exemplars (trace-based filter, the default) lead from the histogram to

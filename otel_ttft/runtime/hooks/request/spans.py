@@ -106,10 +106,9 @@ class RequestEmitter:
         self.metrics.close()
 
     def emit(self, rec: RequestRecord, now: float) -> None:
-        """The request's span tree (where the policy wants one) and its metric samples. A warm
-        request that gets no span is only seen by the policy (its model's tail): vLLM's own
-        metrics record its TTFT, queue and prefill time, and it paid no warm-up, waited on no
-        activation and failed in no way of ours to name."""
+        """The request's span tree (where the policy wants one) and its metric samples (every
+        request: the cold/warm split of TTFT and time per stage is ours, vLLM's histograms have
+        neither)."""
         end = now
         eng = rec.engine
         queued = rec.queued if rec.queued is not None or eng is None else eng.queued
@@ -140,8 +139,6 @@ class RequestEmitter:
         # vLLM's own tracing on (``rec.vllm``): the user asked for a span per request; ours is it.
         traced = (caller is not None and caller.trace_flags.sampled) or rec.vllm is not None
         wanted = policy.wants_span(detail, traced=traced)
-        if not wanted and not rec.cold:
-            return  # warm, untraced, no reason: nothing vLLM's own metrics lack
         if rec.first_tok is not None and not rec.schedule:
             rec.late_preemptions += [ts for kind_, ts in schedule
                                      if kind_ == PREEMPTED and ts >= rec.first_tok]
