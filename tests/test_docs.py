@@ -124,6 +124,26 @@ def test_command_options_come_from_the_parsers():
     assert set(reference.commands()) >= {"demo", "replay", "analyze", "report", "check", "doctor"}
 
 
+def test_every_option_of_every_command_has_help_and_is_in_the_reference():
+    import argparse
+
+    page = reference.expand((DOCS / "reference.md").read_text())
+    parsers = reference.command_parsers()
+    assert set(parsers) == set(reference.commands())
+    for name, (parser, text) in parsers.items():
+        assert text.strip(), f"otel-ttft {name} has no one-line help"
+        section = page.split(f"### `otel-ttft {name}`", 1)[1].split("\n### ", 1)[0]
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            label = f"otel-ttft {name} {action.option_strings or action.dest}"
+            assert action.help and action.help.strip(), f"{label}: no help text"
+            assert action.help != argparse.SUPPRESS, f"{label}: hidden from the reference"
+            shown = action.option_strings or [action.metavar or action.dest.upper()]
+            for flag in shown:
+                assert f"`{flag}`" in section, f"{label}: not in the generated reference"
+
+
 def test_page_markers_name_generators_and_every_generator_is_used():
     used = set()
     for page in DOCS.glob("*.md"):

@@ -298,17 +298,23 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sink", help="run the embedded OTLP receiver into a local store")
     p.add_argument("--dir", required=True, type=cliargs.work_dir,
                    help="store directory (telemetry.db); created if missing")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--http-port", type=cliargs.port(0), default=4318, help="0 picks a free port")
-    p.add_argument("--grpc-port", type=cliargs.port(-1), default=4317, help="-1 disables gRPC")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address both receivers listen on (127.0.0.1; another needs "
+                        "--allow-non-loopback)")
+    p.add_argument("--http-port", type=cliargs.port(0), default=4318,
+                   help="OTLP/HTTP port (4318); 0 picks a free port")
+    p.add_argument("--grpc-port", type=cliargs.port(-1), default=4317,
+                   help="OTLP/gRPC port (4317); 0 picks a free port, -1 disables gRPC")
     p.add_argument("--allow-non-loopback", action="store_true",
                    help="accept unauthenticated writes from other hosts")
     p.set_defaults(func=_sink)
 
     p = sub.add_parser("tree", help="render span trees from a store dir, spans.jsonl or OTLP JSON")
-    p.add_argument("path")
-    p.add_argument("--trace", help="only this trace id (32 hex)")
-    p.add_argument("--max-depth", type=cliargs.non_negative_int, default=None)
+    p.add_argument("path", help="store dir, telemetry.db, spans.jsonl or OTLP/JSON")
+    p.add_argument("--trace", help="only this trace id (32 hex; default: every trace)")
+    p.add_argument("--max-depth", type=cliargs.non_negative_int, default=None,
+                   help="print spans at most this deep below each root (0: the roots alone; "
+                        "default: all)")
     p.set_defaults(func=_tree)
 
     p = sub.add_parser("analyze", help="split each first token into stages and name the stage "
@@ -329,7 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_analyze)
 
     p = sub.add_parser("report", help="write a self-contained HTML report from an analysis.json")
-    p.add_argument("analysis", metavar="ANALYSIS_JSON")
+    p.add_argument("analysis", metavar="ANALYSIS_JSON",
+                   help="written by `otel-ttft analyze --json` (and `verify`)")
     p.add_argument("-o", "--output", default="report.html",
                    help="HTML file (report.html); '-' for stdout")
     p.set_defaults(func=_report)
@@ -374,7 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "Collector's names), or write them as OpenMetrics for backfilling")
     p.add_argument("--dir", required=True, type=cliargs.existing_dir,
                    help="store directory written by `otel-ttft sink`")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (127.0.0.1; another needs --allow-non-loopback)")
     p.add_argument("--port", type=cliargs.port(0), default=9464,
                    help="0 picks a free port (9464)")
     p.add_argument("--expire", type=cliargs.finite_float, default=1800,

@@ -230,10 +230,8 @@ def _env_setting(text: str) -> tuple[str, str]:
     return name, value
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    serve_args = argv[argv.index("--") + 1:] if "--" in argv else []
-    own = argv[:argv.index("--")] if "--" in argv else argv
+def build_parser() -> argparse.ArgumentParser:
+    """``otel-ttft doctor``'s own parser (the CLI hands it everything after ``doctor``)."""
     parser = argparse.ArgumentParser(
         prog="otel-ttft doctor", description=__doc__,
         usage="%(prog)s [--json] [--device DEVICE] [--env NAME=VALUE ...] [-- SERVE_ARGS...]")
@@ -245,7 +243,14 @@ def main(argv: list[str] | None = None) -> int:
                         metavar="NAME=VALUE",
                         help="an environment variable as the server will have it, e.g. "
                              "VLLM_USE_V2_MODEL_RUNNER=0 (repeatable)")
-    args = parser.parse_args(own)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    serve_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    own = argv[:argv.index("--")] if "--" in argv else argv
+    args = build_parser().parse_args(own)
     os.environ.update(dict(args.env))  # before vLLM is imported: vllm.envs reads them
     try:
         report = collect(args.device, serve_args)

@@ -281,9 +281,46 @@ def _options_table(parser: argparse.ArgumentParser) -> str:
         if isinstance(action, argparse._HelpAction):
             continue
         flags = ", ".join(_code(f) for f in action.option_strings)
-        default = "" if action.default in (None, [], False, argparse.SUPPRESS) else action.default
+        default = ("" if action.default is None or action.default is False
+                   or action.default in ([], argparse.SUPPRESS) else action.default)
         rows.append((flags, _code(default) if default != "" else "", action.help or ""))
     return _table(("option", "default", "what"), rows)
+
+
+def _arguments_table(parser: argparse.ArgumentParser) -> str:
+    """Every argument of ``parser``, positionals first, then the options (``--help`` aside)."""
+    rows = []
+    for action in parser._actions:
+        if action.option_strings or isinstance(action, argparse._SubParsersAction):
+            continue
+        rows.append((_code(action.metavar or action.dest.upper()), "", action.help or ""))
+    table = _options_table(parser)
+    if not rows:
+        return table
+    header, rule, *option_rows = table.rstrip("\n").split("\n")
+    return "\n".join([header.replace("| option |", "| argument |"), rule,
+                      *(_table(("argument", "default", "what"), rows).split("\n")[2:-1]),
+                      *option_rows]) + "\n"
+
+
+def command_parsers() -> dict[str, tuple[argparse.ArgumentParser, str]]:
+    """``otel-ttft`` subcommand -> (its parser, its one-line help); ``doctor``'s parser is its
+    own (the CLI hands it everything after ``doctor``)."""
+    from otel_ttft.tools import doctor
+    from otel_ttft.tools.cli import build_parser
+
+    found = _subcommands(build_parser())
+    found["doctor"] = (doctor.build_parser(), found["doctor"][1])
+    return found
+
+
+def command_options() -> str:
+    """Every subcommand's arguments and options, one section each, from the CLI's parsers."""
+    out = []
+    for name, (parser, text) in command_parsers().items():
+        out.append(f"### `otel-ttft {name}`\n\n{_cell(text)}.\n")
+        out.append(_arguments_table(parser))
+    return "\n".join(out)
 
 
 def replay_options() -> str:
@@ -336,6 +373,7 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "settings": settings_table,
     "analysis-schema": analysis_schema,
     "commands": commands_table,
+    "command-options": command_options,
     "replay-options": replay_options,
     "check-options": check_options,
 }

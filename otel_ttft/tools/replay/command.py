@@ -41,8 +41,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"the baseline's among them (default {DEFAULT_REPEAT_WARM})")
     p.add_argument("--concurrency", default="1", type=cliargs.int_at_least(1),
                    help=f"requests sent at once per step (at most {MAX_CONCURRENCY})")
-    p.add_argument("--max-tokens", default="16", type=cliargs.int_at_least(1))
-    p.add_argument("--seed", default="1234", type=cliargs.int_at_least(0))
+    p.add_argument("--max-tokens", default="16", type=cliargs.int_at_least(1),
+                   help="max_tokens every request asks for (default 16)")
+    p.add_argument("--seed", default="1234", type=cliargs.int_at_least(0),
+                   help="sampling seed every request sends (default 1234)")
     p.add_argument("--logprobs", default="0", type=cliargs.int_at_least(0),
                    help="top logprobs every request asks for per token, probes excepted "
                         "(default 0: none); with --switch-ahead the first request after an "
