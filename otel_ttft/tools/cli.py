@@ -292,7 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="out/demo", type=cliargs.work_dir,
                    help="where telemetry is stored (out/demo)")
     p.add_argument("--keep-going", action="store_true",
-                   help="a failed request does not end or fail the demo")
+                   help="a failed request does not end or fail the demo (the analysis still "
+                        "runs, on what arrived), as long as the servers came up and telemetry "
+                        "arrived")
     p.set_defaults(func=_demo)
 
     p = sub.add_parser("sink", help="run the embedded OTLP receiver into a local store")
