@@ -126,7 +126,9 @@ def run_probe(overlay: dict[str, Path], layout: str, tmp_path: Path,
 
 
 def _warnings(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if line.startswith("otel-ttft:")]
+    """Our configurator lines (one per vLLM process); not the verdict's own ``otel-ttft:``."""
+    return [line for line in stderr.splitlines()
+            if line.startswith("otel-ttft: opentelemetry-instrument ran configurator")]
 
 
 def test_theirs_found_first_ours_join_its_provider_and_the_log_names_the_setting(overlay,
@@ -196,6 +198,41 @@ def test_doctor_names_the_configurator_that_runs_and_the_setting(overlay, layout
     line = out["text"][1]
     assert line.startswith(f"  {note}"), line
     assert (RESTORE in line) == (chosen != "otel_ttft"), line
+
+
+@pytest.mark.vllm
+def test_a_real_server_with_theirs_found_first_still_gives_its_live_verdict(overlay, receiver,
+                                                                           tiny_model, tmp_path,
+                                                                           monkeypatch):
+    """The acceptance of issue 57: ``opentelemetry-distro``'s configurator builds the providers
+    of every vLLM process (API server, EngineCore, worker); the live verdict still comes, and the
+    log names the setting in each vLLM process (API server, EngineCore, worker)."""
+    from otel_ttft import semconv
+    from otel_ttft.tools.replay.server import VllmServer
+    from tests.export_env import EXPORT_ENV
+    from tests.vllm_args import EAGER_ARGS
+
+    monkeypatch.chdir(tmp_path)  # opentelemetry-instrument puts the working directory first
+    env = {**EXPORT_ENV, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.http_endpoint,
+           "OTEL_TTFT_VERDICT_HISTORY": str(tmp_path / "history.json"),
+           "PYTHONPATH": str(overlay["code"]), "OTEL_PYTHON_CONFIGURATOR": None,
+           "OTEL_PYTHON_DISTRO": None}
+    log = tmp_path / "server.log"
+    server = VllmServer(tiny_model, env=env, instrument=False, log_path=log,
+                        python=str(overlay["theirs-first"] / "bin" / "python"),
+                        extra_args=(*EAGER_ARGS, "--max-model-len", "512", "--max-num-seqs", "4"))
+    server.argv = [INSTRUMENT, *server.command()]
+    with server:
+        receiver.wait_for_spans(lambda spans: [s for s in spans
+                                               if s["name"] == semconv.SPAN_ACTIVATION_VERDICT],
+                                120)
+    text = log.read_text(errors="replace")
+    skipped = "Configuration of otel_ttft not loaded, configurator already loaded"
+    assert skipped in text, text[-3000:]  # opentelemetry-instrument's own line
+    assert any("otel-ttft: this start of" in line for line in text.splitlines()), text[-3000:]
+    warned = _warnings(text)
+    assert len(warned) == 3 and all("ran configurator 'configurator', not ours" in w
+                                    and RESTORE in w for w in warned), warned
 
 
 def test_configurator_in_force_follows_opentelemetry_instrument():
