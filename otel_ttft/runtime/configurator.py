@@ -15,6 +15,13 @@ environment, one batch processor per ``OTEL_TRACES_EXPORTER``, one periodic read
   generator would give every process the same ids). ``OTEL_PYTHON_ID_GENERATOR`` still wins.
 
 Logs are not configured (``OTEL_LOGS_EXPORTER``): the SDK's logs API is not public yet.
+
+Where ``opentelemetry-instrument`` ran another configurator (``opentelemetry-distro`` installed
+beside us registers one, ``configurator``, and which is found first depends on the install), our
+instrumentor calls ``adopt_foreign``: our span processors join that SDK tracer provider through its
+public ``add_span_processor`` and its id generator is replaced (a public attribute), so stage
+tagging, the in-flight tracker and the live verdict stay on; one WARNING names what is still lost
+and the one setting that restores it (``distro.RESTORE``, handed in).
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ from opentelemetry.sdk.metrics.view import ExponentialBucketHistogramAggregation
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 
 from otel_ttft.runtime import inflight
 from otel_ttft.runtime.hooks import activation_ledger
@@ -181,3 +188,51 @@ def configure(environ: Mapping[str, str] | None = None,
     metrics.set_meter_provider(built.meter_provider)
     bounded_export.adopt(built)
     return built
+
+
+_adopted: list[Any] = []  # the foreign providers our processors joined (one per process)
+
+
+def adopt_foreign(provider: Any, configurator_name: str | None, restore: str,
+                  environ: Mapping[str, str] | None = None) -> list[str] | None:
+    """Our processors on a tracer provider that another configurator installed (the global one,
+    under ``opentelemetry-instrument``), and one WARNING line naming the setting that restores
+    the rest (``restore``: ``distro.RESTORE``); what was added, or ``None`` where there was
+    nothing to join (no SDK provider: the line says so). Once per process.
+
+    Through the SDK's public means only: ``add_span_processor`` puts ours after the exporting
+    processors already there (a span's stage is still tagged at its start, which is all the
+    analysis and the live verdict read), and ``id_generator`` is replaced where it is the SDK's
+    default, which draws from the global ``random`` that vLLM seeds alike in every engine
+    process. Lost: the bounded exit (the provider shuts down as the SDK does at exit), drop
+    counts, and the restamping of vLLM's spans after a wall-clock step (our exporter wrapper)."""
+    environ = os.environ if environ is None else environ
+    name = repr(configurator_name) if configurator_name else (
+        f"none (OTEL_PYTHON_CONFIGURATOR={environ.get('OTEL_PYTHON_CONFIGURATOR', '')!r} names no "
+        "installed one)")
+    if not isinstance(provider, TracerProvider):
+        if environ.get("OTEL_SDK_DISABLED", "").strip().lower() != "true":
+            logger.warning("otel-ttft: opentelemetry-instrument ran configurator %s, not ours, and "
+                           "no SDK tracer provider is installed: no spans, no live verdict; set "
+                           "%s to restore them", name, restore)
+        return None
+    if any(p is provider for p in _adopted):
+        return []
+    _adopted.append(provider)
+    added = ["stage tagging", "in-flight tracker"]
+    provider.add_span_processor(pipeline.StageTagger())
+    provider.add_span_processor(inflight.install())
+    ledger = activation_ledger.install()
+    if ledger is not None:
+        provider.add_span_processor(ledger)
+        added.append("live verdict ledger")
+    id_name = environ.get("OTEL_PYTHON_ID_GENERATOR", "random").strip()
+    if id_name in ("", "random") and type(getattr(provider, "id_generator", None)) \
+            is RandomIdGenerator:
+        provider.id_generator = PrivateIdGenerator()
+        added.append("private ids")
+    logger.warning(
+        "otel-ttft: opentelemetry-instrument ran configurator %s, not ours; added to its "
+        "provider: %s; still lost: the bounded exit and drop counts; set %s to restore them",
+        name, ", ".join(added), restore)
+    return added

@@ -22,6 +22,37 @@ from opentelemetry.instrumentation.distro import BaseDistro
 from otel_ttft.runtime import gate
 
 _OURS = "otel_ttft."  # our entry points' values start so
+NAME = "otel_ttft"  # the name our distro and configurator are registered under
+#: The one setting that makes ``opentelemetry-instrument`` run our configurator whatever else is
+#: installed (``opentelemetry-distro`` registers one named ``configurator``).
+RESTORE = f"OTEL_PYTHON_CONFIGURATOR={NAME}"
+
+
+def configurators() -> list[tuple[str, str]]:
+    """Every ``opentelemetry_configurator`` entry point as ``(name, distribution)``, in the order
+    ``opentelemetry-instrument`` finds them: distributions in ``sys.path`` order, and within one
+    directory in the order the file system lists them (no order a user can rely on)."""
+    from importlib.metadata import entry_points
+
+    found = []
+    for ep in entry_points(group="opentelemetry_configurator"):
+        dist = getattr(ep, "dist", None)
+        found.append((ep.name, getattr(dist, "name", None) or "?"))
+    return found
+
+
+def configurator_in_force(environ: Any = None) -> str | None:
+    """The configurator ``opentelemetry-instrument`` runs (its ``_load_configurators``): the one
+    ``OTEL_PYTHON_CONFIGURATOR`` names, else the first found; ``None`` where the setting names
+    none that is installed (``sdk`` is not a name any package registers)."""
+    environ = os.environ if environ is None else environ
+    chosen = (environ.get("OTEL_PYTHON_CONFIGURATOR") or "").strip() or None
+    return next((name for name, _ in configurators() if chosen is None or name == chosen), None)
+
+
+def ours_configured() -> bool:
+    """Whether ``opentelemetry-instrument`` called our configurator in this process."""
+    return OtelTTFTConfigurator._done
 
 
 def _defaults() -> None:

@@ -8,6 +8,7 @@ our distro calls in vLLM's processes only (``runtime.gate``; a helper process ne
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +56,7 @@ class VllmTTFTInstrumentor(BaseInstrumentor):
         helper process (``runtime.gate``), whoever calls it."""
         if gate.classify() == gate.HELPER:
             return
+        _join_foreign_provider()
         from otel_ttft.runtime import config
         from otel_ttft.runtime.hooks import all_hooks, all_parts
         from otel_ttft.runtime.hooks.registry import HookSet
@@ -75,6 +77,26 @@ class VllmTTFTInstrumentor(BaseInstrumentor):
         if self._state is not None:
             self._state.close()
             self._state = None
+
+
+def _join_foreign_provider() -> None:
+    """Under ``opentelemetry-instrument``, where it ran another configurator than ours (e.g.
+    ``opentelemetry-distro``'s, found first): our processors join the provider it installed,
+    and one WARNING names the setting that restores the rest (``configurator.adopt_foreign``).
+    Nothing for a program's own providers, vLLM's, or those passed to ``instrument()``."""
+    site = getattr(sys.modules.get("sitecustomize"), "__file__", None) or ""
+    if "auto_instrumentation" not in site.replace("\\", "/").split("/"):
+        return  # not opentelemetry-instrument's process
+    from otel_ttft.runtime import distro
+
+    if distro.ours_configured():
+        return
+    from opentelemetry import trace
+
+    from otel_ttft.runtime import configurator
+
+    configurator.adopt_foreign(trace.get_tracer_provider(), distro.configurator_in_force(),
+                              distro.RESTORE)
 
 
 def disabled_hooks(hooks: Collection[Hook], cfg: config.Config) -> set[str]:

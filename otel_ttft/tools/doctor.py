@@ -87,15 +87,24 @@ def _opentelemetry() -> dict[str, Any]:
     except InvalidVersion:
         supported = False
     return {"sdk_version": installed, "supported_range": str(spec) if spec else None,
-            "supported": supported, "configurator": _configurator()}
+            "supported": supported, **_configurator()}
 
 
-def _configurator() -> str:
-    """Which configurator ``opentelemetry-instrument`` runs: ours unless the user picks another
-    (``OTEL_PYTHON_CONFIGURATOR``) or another distribution ships one too."""
+def _configurator() -> dict[str, Any]:
+    """Which configurator ``opentelemetry-instrument`` runs (its ``_load_configurators``): the one
+    ``OTEL_PYTHON_CONFIGURATOR`` names, else the first found, in an order no install promises
+    (``opentelemetry-distro`` registers one too); and the setting that makes it ours."""
+    from otel_ttft.runtime import distro
+
+    found = distro.configurators()
     chosen = os.environ.get("OTEL_PYTHON_CONFIGURATOR", "").strip()
-    found = [ep.name for ep in entry_points(group="opentelemetry_configurator")]
-    return chosen or (found[0] if len(found) == 1 else ",".join(found) or "none")
+    picked = distro.configurator_in_force()
+    certain = picked == distro.NAME and (bool(chosen) or len(found) == 1)
+    return {"configurator": picked or "none",
+            "configurator_distribution": dict(found).get(picked or "", None),
+            "configurators": [f"{name} ({dist})" for name, dist in found],
+            "configurator_chosen": chosen or None,
+            "configurator_setting": None if certain else distro.RESTORE}
 
 
 def _vocabulary(module_version: str | None) -> dict[str, Any]:
@@ -216,10 +225,26 @@ def _render_opentelemetry(otel: dict[str, Any]) -> list[str]:
     support = ("supported" if otel["supported"]
                else f"NOT in the tested range {otel['supported_range']}")
     lines = [f"OpenTelemetry SDK: {otel['sdk_version'] or 'not installed'}; {support}"]
-    ours = otel["configurator"] == "otel_ttft"
-    lines.append(f"  {'ok     ' if ours else 'NOTE   '} configurator: {otel['configurator']}"
-                 + ("" if ours else " (not ours: the SDK's own exit, no drop counts, no "
-                                    "in-flight snapshots)"))
+    name = otel["configurator"]
+    setting = otel.get("configurator_setting")
+    found = ", ".join(otel.get("configurators") or []) or "none"
+    if name == "otel_ttft":
+        note = "" if not setting else (
+            f" (found first of {found}: the order can change with any install; set {setting} "
+            "to make it certain)")
+        lines.append(f"  {'ok     ' if not setting else 'NOTE   '} configurator: otel_ttft{note}")
+        return lines
+    if name == "none":
+        why = (f"OTEL_PYTHON_CONFIGURATOR={otel.get('configurator_chosen')!r} names none of "
+               f"{found}" if otel.get("configurator_chosen") else "none is installed")
+        lines.append(f"  NOTE    configurator: none (not ours: {why}): no spans, no live verdict; "
+                     f"set {setting or 'OTEL_PYTHON_CONFIGURATOR=otel_ttft'}")
+        return lines
+    dist = otel.get("configurator_distribution")
+    lines.append(f"  NOTE    configurator: {name} (not ours{f', from {dist}' if dist else ''}: "
+                 "stage tagging, the in-flight tracker and the live verdict are added to its "
+                 "provider, but its exit is the SDK's own and drops are not counted); set "
+                 f"{setting or 'OTEL_PYTHON_CONFIGURATOR=otel_ttft'}")
     return lines
 
 
