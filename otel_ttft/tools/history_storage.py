@@ -15,6 +15,7 @@ disk, ``docker run --rm`` with an anonymous volume) reads as kept, being a mount
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -92,10 +93,8 @@ def resolved(path: str | os.PathLike[str]) -> str:
     while not p.exists() and p != p.parent:
         missing.append(p.name)
         p = p.parent
-    try:
+    with contextlib.suppress(OSError):
         p = p.resolve()
-    except OSError:
-        pass
     for name in reversed(missing):
         p = p / name
     return str(p)
