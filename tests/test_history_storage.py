@@ -179,3 +179,14 @@ def test_doctor_reports_the_history_path_text_and_json(fake_vllm, tmp_path):
     history = report["verdict_history"]
     assert history["path"] == str(path) and history["source"] == "OTEL_TTFT_VERDICT_HISTORY"
     assert history["kept"] in (True, False, None) and "why" in history
+
+
+def test_lost_note_for_the_verdicts_log_line():
+    mounts = hs.parse_mountinfo(DOCKER)
+    path = "/root/.cache/vllm/otel-ttft/activations.json"
+    assert hs.lost_note(path, mounts, IN_DOCKER) == (
+        f"none at {path}, on the container's own file system (overlay): lost when the container "
+        "is removed; keep it on a volume with OTEL_TTFT_VERDICT_HISTORY (otel-ttft doctor)")
+    assert hs.lost_note("/var/lib/otel-ttft/activations.json", mounts, IN_DOCKER) is None
+    assert hs.lost_note(path, [], []) is None  # no mount known: nothing said
+    assert isinstance(hs.lost_note(path), (str, type(None)))  # this host's mounts: never raises

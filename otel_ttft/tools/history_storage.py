@@ -6,8 +6,10 @@ container that path sits, unless the user mounted something there, on the contai
 layer (``overlay``) or on a ``tmpfs``: both go with the container, and every fresh container then
 says "no baseline". This module finds the mount that holds the path (the longest mount point in
 ``/proc/self/mountinfo`` that contains it) and says whether its file system is one a container
-loses. Pure functions over the text read, so the tests feed crafted mountinfo; standard library
-only.
+loses. Pure functions over the text read, so the tests feed crafted mountinfo. ``otel-ttft
+doctor`` reports it (:func:`where`, :func:`render`); :func:`lost_note` is the few words for the
+live verdict's log line. Standard library and the settings' names only, so that the runtime may
+take this module as it is (the layering forbids it to import a tool).
 
 What it cannot see: a volume that is itself thrown away (a Kubernetes ``emptyDir`` on the node's
 disk, ``docker run --rm`` with an anonymous volume) reads as kept, being a mount of a real disk.
@@ -179,6 +181,28 @@ def where(environ: Mapping[str, str] | None = None) -> dict:
     hints = container_hints(os.path.exists, environ, _read("/proc/1/cgroup"), mounts)
     real = resolved(path)
     return {"path": path, "resolved": real, "source": source, **assess(real, mounts, hints)}
+
+
+def _here() -> tuple[list[Mount], list[str]]:
+    mounts = parse_mountinfo(_read("/proc/self/mountinfo"))
+    return mounts, container_hints(os.path.exists, os.environ, _read("/proc/1/cgroup"), mounts)
+
+
+def lost_note(path: str | os.PathLike[str], mounts: list[Mount] | None = None,
+              hints: list[str] | None = None) -> str | None:
+    """A few words for the live verdict's log line when it found no history at ``path`` and that
+    path is on a file system a container loses (or a tmpfs); None where it is kept or unknown.
+    Reads this process's mounts unless given them; never raises."""
+    try:
+        if mounts is None or hints is None:
+            mounts, hints = _here()
+        got = assess(resolved(path), mounts, hints)
+    except Exception:  # noqa: BLE001 - a note, never an error
+        return None
+    if got["kept"] is not False:
+        return None
+    return (f"none at {path}, {got['why']}; keep it on a volume with "
+            f"{OTEL_TTFT_VERDICT_HISTORY} (otel-ttft doctor)")
 
 
 def render(history: dict) -> list[str]:
