@@ -158,7 +158,7 @@ def vllm_cache_root(environ: Mapping[str, str]) -> tuple[str, str]:
     try:
         import vllm.envs as envs
 
-        return os.path.expanduser(str(envs.VLLM_CACHE_ROOT)), "vLLM's cache root (vllm.envs)"
+        return os.path.expanduser(str(envs.VLLM_CACHE_ROOT)), "VLLM_CACHE_ROOT as vLLM resolves it"
     except Exception:  # noqa: BLE001 - no vLLM (or a broken one): vLLM's rule, by hand
         pass
     if environ.get("VLLM_CACHE_ROOT"):
