@@ -6,6 +6,8 @@ ships for the installed version, or will be read from vLLM's parser on first use
 the model runner vLLM would build (on this host, or on the platform ``--device``
 names), under the environment (``--env``) and serve arguments (after ``--``) given, and which
 start-up stages are measured on that runner; hooks on runners that will not run are "idle".
+Last, where the live verdict keeps its history of earlier starts, with a WARNING when that is a
+file system the container loses (its writable layer, a tmpfs) and the fix.
 
 Exit 0 when at least one hook can instrument vLLM, 1 when nothing can (no vLLM, an unsupported
 version with every target moved), so a deploy script can gate on it; 2 when the arguments given
@@ -30,7 +32,7 @@ from otel_ttft.diagnosis import vocabulary_store
 from otel_ttft.runtime.hooks import all_hooks
 from otel_ttft.runtime.hooks.registry import resolve
 from otel_ttft.runtime.vllm_version import SUPPORTED, installed_vllm, is_supported
-from otel_ttft.tools import host, runner_choice
+from otel_ttft.tools import history_storage, host, runner_choice
 from otel_ttft.tools.analysis import knobs
 
 _ENTRY_POINT_GROUPS = ("opentelemetry_instrumentor", "vllm.general_plugins",
@@ -173,6 +175,7 @@ def collect(device: str | None = None, serve_args: list[str] | None = None) -> d
                    "protocol": os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
                    "endpoint": endpoint, "endpoint_source": source,
                    "endpoint_reachable": _reachable(endpoint)},
+        "verdict_history": _verdict_history(),
     }
 
 
@@ -218,7 +221,24 @@ def render(report: dict[str, Any]) -> str:
     lines.append(f"export: traces={e['traces_exporter']} metrics={e['metrics_exporter']} "
                  f"protocol={e['protocol']} endpoint={e['endpoint'] or e['endpoint_source']} "
                  f"({reach})")
+    lines.extend(_render_verdict_history(report.get("verdict_history")))
     return "\n".join(lines)
+
+
+def _verdict_history() -> dict[str, Any] | None:
+    """Where the live verdict's history will be kept, and whether it outlives the container."""
+    try:
+        return history_storage.where()
+    except Exception as exc:  # noqa: BLE001 - a report line, never doctor's crash
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def _render_verdict_history(history: dict[str, Any] | None) -> list[str]:
+    if not history:
+        return []
+    if "error" in history:
+        return [f"verdict history: not checked ({history['error']})"]
+    return history_storage.render(history)
 
 
 def _render_opentelemetry(otel: dict[str, Any]) -> list[str]:
