@@ -16,8 +16,8 @@ import pytest
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from otel_ttft.runtime import history_storage
 from otel_ttft.runtime.vllm_version import SUPPORTED
-from otel_ttft.tools import history_storage
 
 yaml = pytest.importorskip("yaml")
 

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from otel_ttft.runtime import activation_history
-from otel_ttft.tools import history_storage as hs
+from otel_ttft.runtime import history_storage as hs
 
 # A Docker container: its writable layer at /, a named volume at /var/lib/otel-ttft (the host's
 # ext4), a bind mount of the host's vLLM cache, a --tmpfs /tmp, and the usual /proc, /dev.

@@ -29,10 +29,11 @@ from packaging.requirements import Requirement
 from packaging.version import InvalidVersion, Version
 
 from otel_ttft.diagnosis import vocabulary_store
+from otel_ttft.runtime import history_storage
 from otel_ttft.runtime.hooks import all_hooks
 from otel_ttft.runtime.hooks.registry import resolve
 from otel_ttft.runtime.vllm_version import SUPPORTED, installed_vllm, is_supported
-from otel_ttft.tools import history_storage, host, runner_choice
+from otel_ttft.tools import host, runner_choice
 from otel_ttft.tools.analysis import knobs
 
 _ENTRY_POINT_GROUPS = ("opentelemetry_instrumentor", "vllm.general_plugins",

@@ -30,7 +30,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from otel_ttft import semconv
 from otel_ttft.runtime import activation_history as history
-from otel_ttft.runtime import clock, environment_variables
+from otel_ttft.runtime import clock, environment_variables, history_storage
 from otel_ttft.runtime.hooks import activation_ledger as ledger
 from otel_ttft.runtime.telemetry import metrics, spans
 
@@ -303,6 +303,8 @@ def _load(pre: _Preload) -> None:
         pre.path = history.default_path(root)
         pre.loaded = history.load(pre.path) if pre.path else history.Loaded(
             problem="no history path (VLLM_CACHE_ROOT unknown)", ours=False)
+        if pre.path and not pre.loaded.records and pre.loaded.problem is None:
+            pre.loaded.problem = history_storage.lost_note(pre.path)  # a container's own disk
     except Exception as exc:  # noqa: BLE001 - never an error for the server
         pre.loaded = history.Loaded(problem=f"history not read: {type(exc).__name__}")
     finally:
