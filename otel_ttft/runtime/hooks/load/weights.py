@@ -54,13 +54,13 @@ class _OpenFiles:
             if self.current is not None:  # the file before ended when the next one was opened
                 self.current.read_s += closed_at - t0
                 self.current.finish(closed_ns)
-            _, _, self.current, opened_at = opened[-1]  # any file between: nothing read from it
+            for (_, _, between, _), (next_ns, _, _, _) in zip(opened, opened[1:], strict=False):
+                between.finish(next_ns)  # opened and left in one step: nothing read from it
+            _, _, self.current, opened_at = opened[-1]
             self.current.read_s += t1 - opened_at
         elif self.current is not None:
             self.current.read_s += t1 - t0
         if delivered and self.current is not None:
-            if self.current.span is None:  # its first tensor: the file becomes a span
-                self.current.start()
             self.current.tensors += 1
 
     def close(self) -> None:
@@ -77,7 +77,9 @@ def _wrap_safe_open(load: LoadState, call, instance, args, kwargs):
         entered_ns, entered = clock.now_ns(), time.perf_counter()
         path = os.fspath(args[0] if args else kwargs["filename"])
         # residency is measured now, before safe_open reads the header
-        files.open(entered_ns, entered, load.shard(path, "safetensors", READER_SAFE_OPEN))
+        read = load.shard(path, "safetensors", READER_SAFE_OPEN)
+        files.open(entered_ns, entered, read)
+        read.start()  # open from here: a read that never returns is live as load.read
     return call(*args, **kwargs)
 
 
