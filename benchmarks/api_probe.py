@@ -150,19 +150,20 @@ def _switch(_signum: int, _frame: object) -> None:
 
 def _switch_hooks(want: str | None) -> str:
     """Our hooks to ``want`` (``None``: the other way round); the state reached."""
-    from otel_ttft.runtime import config
     from otel_ttft.runtime.instrumentor import VllmTTFTInstrumentor, disabled_hooks
 
-    hooks = VllmTTFTInstrumentor()._hooks  # the instrumentor is a singleton
+    instrumentor = VllmTTFTInstrumentor()  # a singleton
+    hooks = instrumentor._hooks
     if hooks is None:
         return "none"
+    cfg = instrumentor.state.config
     if _meter is not None:
-        return _switch_metered(hooks, disabled_hooks(hooks.hooks, config.current), want)
+        return _switch_metered(hooks, disabled_hooks(hooks.hooks, cfg), want)
     if want is None or (want == "on") != hooks.active:
         if hooks.active:
             hooks.remove()
         else:
-            hooks.apply(disabled=disabled_hooks(hooks.hooks, config.current))
+            hooks.apply(disabled=disabled_hooks(hooks.hooks, cfg))
     return "on" if hooks.active else "off"
 
 

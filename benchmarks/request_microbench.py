@@ -357,7 +357,7 @@ def measure(fresh, provider, n: int, tokens: int, rounds: int) -> dict:
     HTTP-side hooks over stand-ins, OTLP encoding of what was produced), next to plain vLLM's
     time on the same code paths (runs without hooks, interleaved)."""
     timer_s, guard_s = guard_overhead()
-    skipped = disabled_hooks(request.HOOKS, config.current)  # as the instrumentor leaves out
+    skipped = disabled_hooks(request.HOOKS, STATE.config)  # as the instrumentor leaves out
     plain: list[Timing] = []
     ours: list[dict] = []
     young = {"plain": 0, "full": 0}  # tracked objects that lived to count, over all rounds
@@ -453,7 +453,7 @@ def main() -> None:
     evict = _Evictor() if args.caches == "cold" else None
 
     provider = install_providers()
-    STATE = ProcessState(config.current, all_parts())
+    STATE = ProcessState(config.Config(), all_parts())
     fresh = build(str(ensure_tiny_model()), args.requests)
     hooks = HookSet(list(request.HOOKS), STATE)
     run_batch(fresh, args.requests, 16, seed=0)  # warm both paths' caches

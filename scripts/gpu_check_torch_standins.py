@@ -245,7 +245,7 @@ def hooked() -> Iterator[Any]:
     from otel_ttft.runtime.state import ProcessState
 
     module = sys.modules[__name__]
-    hook_set = HookSet(list(HOOKS), ProcessState(config.current, all_parts()))
+    hook_set = HookSet(list(HOOKS), ProcessState(config.Config(), all_parts()))
     hook_set.apply_to(module)
     try:
         yield hook_set

@@ -76,4 +76,3 @@ def test_a_window_sees_only_the_fills_that_began_inside_it():
     assert [f[2] for f in part.within(9.0, 15.0)] == ["x"]
     assert part.within(10.6, 19.0) == []
     assert part.within(25.0, 30.0) == []  # the newest ended before: one comparison
-    part.close()

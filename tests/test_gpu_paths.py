@@ -44,10 +44,12 @@ def test_host_to_device_totals_over_the_real_safetensors_reader(exporter, tiny_m
     from otel_ttft.runtime.config import Config
     from otel_ttft.runtime.hooks.load import PARTS
     from otel_ttft.runtime.hooks.registry import HookSet
-    from otel_ttft.runtime.state import ProcessState
+    from otel_ttft.runtime.state import PartSpec, ProcessState
+    from otel_ttft.runtime.telemetry import metrics as stage_metrics
     from otel_ttft.tools.tiny_model import checkpoint_files
 
-    state = ProcessState(Config(), PARTS)
+    state = ProcessState(Config(), [PartSpec(stage_metrics.PART, stage_metrics.StageMetrics),
+                                    *PARTS])
     hook_set = HookSet([load.SAFE_OPEN, load.SAFETENSORS_READS], state)
     hook_set.apply()
     from vllm.model_executor.model_loader.default_loader import safetensors_weights_iterator

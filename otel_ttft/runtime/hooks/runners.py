@@ -165,11 +165,11 @@ def _loading_span_name(runner: Any) -> str:
     return semconv.SPAN_LOADING_CPU if device == "cpu" else semconv.SPAN_LOADING_GPU
 
 
-def _wrap_load_v2(call, instance, args, kwargs):
+def _wrap_load_v2(warmup, call, instance, args, kwargs):
     """V2's ``load_model`` has no span of vLLM's: ours, under V1's name for this device."""
     name = _loading_span_name(instance)
     with spans.stage_span(name, semconv.STAGE_LOAD, enrich=name,
-                          attributes=runner_attributes(instance)):
+                          attributes=runner_attributes(instance), tracer=warmup.tracer):
         return call(*args, **kwargs)
 
 
@@ -198,7 +198,7 @@ def _captured_sizes(runner: Any) -> list[int]:
     return [int(n) for n in counts()] if callable(counts) else []
 
 
-def _wrap_capture_model(call, instance, args, kwargs):
+def _wrap_capture_model(warmup, call, instance, args, kwargs):
     """V2's ``capture_model`` (and the encoder-only runner's): no span of vLLM's around it, so
     ours, "Capture model" as on V1, with the graphs, batch sizes and the bytes it returns. Its
     ``profile_only`` calls (a memory estimate before the KV cache exists) are not the stage."""
@@ -208,7 +208,7 @@ def _wrap_capture_model(call, instance, args, kwargs):
     graphs_before = counter.num_cudagraph_captured
     with spans.stage_span(semconv.SPAN_GRAPH_CAPTURE, semconv.STAGE_WARMUP_GRAPH_CAPTURE,
                           enrich=semconv.SPAN_GRAPH_CAPTURE,
-                          attributes=runner_attributes(instance)) as span:
+                          attributes=runner_attributes(instance), tracer=warmup.tracer) as span:
         graph_bytes = call(*args, **kwargs)
         sizes = _captured_sizes(instance)
         span.set_attributes({
@@ -222,11 +222,13 @@ def _wrap_capture_model(call, instance, args, kwargs):
 
 LOAD_RUNNER = Hook(LOAD_V1, f"{_LOADER}.load_model", _wrap_loader_load_model,
                    stage=semconv.STAGE_LOAD, process=WORKER)
+# the spans of these go to the warm-up part's tracer (``hooks.warmup.PART``, which imports us)
+_WARMUP = "warmup"
 LOAD_RUNNER_V2 = Hook(LOAD_V2, f"{V2}.load_model", _wrap_load_v2, stage=semconv.STAGE_LOAD,
-                      process=WORKER)
+                      process=WORKER, state=_WARMUP)
 GRAPH_CAPTURE_V2 = Hook(GRAPHS_V2, f"{V2}.capture_model", _wrap_capture_model,
-                        stage=semconv.STAGE_WARMUP_GRAPH_CAPTURE, process=WORKER)
+                        stage=semconv.STAGE_WARMUP_GRAPH_CAPTURE, process=WORKER, state=_WARMUP)
 GRAPH_CAPTURE_MM = Hook(GRAPHS_MM, f"{MM_ENCODER}.capture_model", _wrap_capture_model,
-                        stage=semconv.STAGE_WARMUP_GRAPH_CAPTURE, process=WORKER)
+                        stage=semconv.STAGE_WARMUP_GRAPH_CAPTURE, process=WORKER, state=_WARMUP)
 
 HOOKS = [LOAD_RUNNER, LOAD_RUNNER_V2, GRAPH_CAPTURE_V2, GRAPH_CAPTURE_MM]
