@@ -20,7 +20,7 @@ import pytest
 import wrapt
 
 from otel_ttft import semconv
-from otel_ttft.runtime import clock
+from otel_ttft.runtime import clock, config
 from otel_ttft.runtime.hooks import activation, all_hooks, switch
 from otel_ttft.runtime.instrumentor import VllmTTFTInstrumentor
 from otel_ttft.runtime.telemetry import bounded_export, spans
@@ -190,12 +190,15 @@ def test_a_closed_part_feeds_no_gauge(pristine):
     is closed; instrumenting again on the same provider registers nothing new."""
     instrumentor, _ = pristine
     instrumentor.instrument(skip_dep_check=True)
-    feeds = dict(telemetry_metrics._feeds)
+    provider = config.meter_provider(instrumentor.state.config)
+    # the gauges on this provider (earlier tests' providers keep theirs, fed by nothing)
+    feeds = {k: v for k, v in telemetry_metrics._feeds.items() if v[0] is provider}
     assert feeds and all(feed.source is not None for _, feed in feeds.values())
     instrumentor.uninstrument()
     assert all(feed.source is None for _, feed in feeds.values())
     assert all(list(feed(None)) == [] for _, feed in feeds.values())
+    registered = dict(telemetry_metrics._feeds)
     instrumentor.instrument(skip_dep_check=True)
-    assert telemetry_metrics._feeds == feeds
+    assert telemetry_metrics._feeds == registered  # nothing new
     instrumentor.uninstrument()
     assert instrumentor.state is None
