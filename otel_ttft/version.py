@@ -1,3 +1,3 @@
 """The package version (read by setuptools from pyproject's dynamic version)."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
