@@ -118,8 +118,9 @@ def assert_complete_activation(root, spans, model_dir, *, plugin_only=False):
     # Every span we or vLLM opened during start-up names its stage. Through the plugin alone, a
     # vLLM span that opened before vLLM loaded plugins in that process cannot be tagged; its
     # stage then comes from its name (semconv.VLLM_SPAN_STAGES), as analysis does.
+    # (the live verdict's child, judged in a thread after ready, is a judgement, not a stage)
     untagged = [s["name"] for s in spans if semconv.ATTR_STAGE not in s["attributes"]
-                and s["name"] != semconv.SPAN_ACTIVATION]
+                and s["name"] not in (semconv.SPAN_ACTIVATION, semconv.SPAN_ACTIVATION_VERDICT)]
     if plugin_only:
         untagged = [n for n in untagged if n not in semconv.VLLM_SPAN_STAGES]
     assert not untagged, untagged
