@@ -155,7 +155,7 @@ def test_instrument_takes_the_providers_and_uninstrument_lets_them_go(monkeypatc
     try:
         monkeypatch.setenv(environment_variables.OTEL_TTFT_COLD_REQUESTS, "9")  # read once: ignored
         assert instrumentor.state.config.cold_requests == 5
-        instrumentor._state.part("request.api").emitter.emit(_record(), now=100.2)
+        instrumentor.state.part("request.api").emitter.emit(_record(), now=100.2)
     finally:
         instrumentor.uninstrument()
     assert [s.name for s in exporter.get_finished_spans()].count(semconv.SPAN_REQUEST) == 1

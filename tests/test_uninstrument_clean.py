@@ -131,7 +131,7 @@ def pristine(monkeypatch):
 def _use(instrumentor: VllmTTFTInstrumentor) -> None:
     """What a start-up and a stop do to the state: an activation root opened (not yet ready), the
     switch chain in front of vLLM's handlers, an eviction begun."""
-    state = instrumentor._state
+    state = instrumentor.state
     assert state.part(activation.PART).ensure_root() is not None
     part = state.part(switch.PART)
     part.install_signal_chain()

@@ -154,8 +154,7 @@ def _add(entry: _Entry, start: int, end: int, stage: str, attrs: Any) -> None:
 
 _ledgers: list[StageLedger] = []
 """This process's ledger, once our configurator made it: a processor of the provider it built,
-living as long as that provider (not an instrumentation); ``gather`` reads its entries in memory.
-(Issue 53, at merge: the configurator keeps it on its ``Pipeline`` and ``gather`` is handed it.)"""
+living as long as that provider (not an instrumentation); ``gather`` reads its entries in memory."""
 
 
 def install() -> StageLedger | None:

@@ -151,12 +151,9 @@ class StageMetrics:
 PART = "stage_metrics"
 
 _open_state: StageMetrics | None = None
-"""Transitional (issue 53): the open part, for the callers not handed it yet (the stage tagger
-our configurator builds, ``load.shards``)."""
-
-
-def reset() -> None:
-    """Transitional: the instrumentor still calls it; the instruments live in the part now."""
+"""The open part, for the one caller no part can be handed to: the stage tagger, a span
+processor of our configurator's provider, which outlives any one instrumentation (and records
+into nothing while none is open)."""
 
 
 def _model(model: str | None) -> str | None:
@@ -177,14 +174,7 @@ def _attrs(stage: str | None, model: str | None) -> dict[str, str]:
 
 def record_activation_stage(stage: str, seconds: float, model: str | None,
                             trace_id: int | None = None, cache_hit: bool | None = None) -> None:
-    """Transitional: to the open part (``StageMetrics.record_activation_stage``), if any."""
+    """``StageMetrics.record_activation_stage`` of the open part, if any (the stage tagger)."""
     part = _open_state
     if part is not None:
         part.record_activation_stage(stage, seconds, model, trace_id, cache_hit)
-
-
-def record_shard_read(nbytes: int, gb_per_s: float | None, model: str | None) -> None:
-    """Transitional: to the open part (``StageMetrics.record_shard_read``), if any."""
-    part = _open_state
-    if part is not None:
-        part.record_shard_read(nbytes, gb_per_s, model)
