@@ -159,3 +159,20 @@ ATTR_VERDICT_SUMMARY = "ttft.verdict.summary"  # the verdict in plain words (the
 METRIC_ACTIVATION_VERDICT = "ttft.activation.verdict"
 #: on ttft.activation.verdict: the activation's trace id (32 hex), the dashboard's trace link
 ATTR_ACTIVATION_TRACE_ID = "ttft.activation.trace_id"
+
+# the forecast: what the next first token of each model on this host will cost, before any start
+#: gauge, s, per API process, for each other model in this host's history: the expected seconds
+#: of one stage (ttft.stage; ttft.stage=total for the whole TTFT) of that model's first token if
+#: a request for it arrived now, by gen_ai.request.model, ttft.forecast.driver,
+#: ttft.forecast.bound (expected | low | high) and ttft.forecast.basis_count
+METRIC_SWITCH_FORECAST = "ttft.switch.forecast"
+#: on ttft.switch.forecast: how the model would be brought in (restart | sleep)
+ATTR_FORECAST_DRIVER = "ttft.forecast.driver"
+#: on ttft.switch.forecast: expected | low | high (the range of the forecast)
+ATTR_FORECAST_BOUND = "ttft.forecast.bound"
+#: on ttft.switch.forecast: how many earlier activations of the model the forecast rests on
+ATTR_FORECAST_BASIS_COUNT = "ttft.forecast.basis_count"
+#: the values of ttft.forecast.bound
+FORECAST_BOUNDS = ("expected", "low", "high")
+#: ttft.stage value on ttft.switch.forecast for the whole time to first token
+FORECAST_STAGE_TOTAL = "total"

@@ -65,3 +65,6 @@ COLD_RESIDENT_MAX = 0.05  # share of a checkpoint in the page cache that still c
 #: ttft.replay.scenario and ttft.request.cold (here: the request waited for a switch or a cold
 #: start)
 METRIC_CLIENT_TIME_TO_FIRST_CHUNK = "gen_ai.client.operation.time_to_first_chunk"
+#: JSON on a switching step's replay.request: the forecast of its model's first token read just
+#: before the switch (otel-ttft forecast's JSON for that model: total, stages, range, basis)
+ATTR_REPLAY_FORECAST = "ttft.replay.forecast"

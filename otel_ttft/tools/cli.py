@@ -282,6 +282,18 @@ def _doctor(argv: Sequence[str]) -> int:
     return int(doctor.main(list(argv)) or 0)
 
 
+def forecast_arguments(p: argparse.ArgumentParser) -> None:
+    from otel_ttft.tools import forecast
+
+    forecast.add_arguments(p)
+
+
+def _forecast(args: argparse.Namespace) -> int:
+    from otel_ttft.tools import forecast
+
+    return forecast.run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = cliargs.Parser(
         prog="otel-ttft", description="Split vLLM time-to-first-token into named stages.")
@@ -396,6 +408,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-non-loopback", action="store_true",
                    help="listen on a non-loopback address")
     p.set_defaults(func=_prometheus)
+
+    p = sub.add_parser("forecast", help="what each model's next first token will cost on this "
+                                        "host, stage by stage, before any start")
+    forecast_arguments(p)
+    p.set_defaults(func=_forecast)
 
     sub.add_parser("doctor", add_help=False, help="which hooks are live for the installed vLLM")
     return parser

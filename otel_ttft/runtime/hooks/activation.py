@@ -22,7 +22,7 @@ from opentelemetry.trace import SpanContext, Status, StatusCode
 from otel_ttft import semconv
 from otel_ttft.runtime import clock, config, handoff, inflight, state_files
 from otel_ttft.runtime.context import process as this_process
-from otel_ttft.runtime.hooks import activation_verdict
+from otel_ttft.runtime.hooks import activation_verdict, forecast_gauge
 from otel_ttft.runtime.hooks.registry import Hook
 from otel_ttft.runtime.telemetry import pipeline, spans
 
@@ -58,6 +58,7 @@ class ActivationState:
         self.latest: Activation | None = None
         self.process_start_emitted = False
         self.verdict = process_state.part(activation_verdict.PART)  # judges it at ready
+        self.forecast = process_state.part(forecast_gauge.PART)  # reports after ready
 
     def tracing_ready(self) -> bool:
         return config.tracing_ready(self.config)
@@ -122,6 +123,7 @@ class ActivationState:
         elif self.latest is not None:
             self.latest.ready_ns = end
             self.verdict.on_ready(root, self.latest.start_ns, end)  # before it ends
+            self.forecast.on_ready()
         root.end(end_time=end)
 
     def close(self) -> None:

@@ -79,6 +79,8 @@ class _Judged:
     #: prompt tokens of the cold requests that said how many came from the prefix cache, and those
     cold_prompt_tokens: int = 0
     cold_cached_tokens: int = 0
+    #: the first request's TTFT and stages: what a forecast's first prefill rests on
+    first: dict | None = None
     finished: bool = False
     saving: threading.Thread | None = None  # the save at ready: the one after cold waits for it
 
@@ -192,6 +194,11 @@ class LiveVerdict:
                 return
             judged.cold_ttft += ttft_s or 0.0
             _add_request_stages(judged.cold_stages, stages, warmup)
+            if index == 1:
+                own: dict[str, float] = {}
+                _add_request_stages(own, stages, warmup)
+                judged.first = {"ttft_s": round(ttft_s or 0.0, 6),
+                                "stages": {k: round(v, 6) for k, v in own.items()}}
             if prompt_tokens and cached_tokens is not None:
                 judged.cold_prompt_tokens += prompt_tokens
                 judged.cold_cached_tokens += min(cached_tokens, prompt_tokens)
@@ -212,6 +219,8 @@ class LiveVerdict:
             cold: dict[str, Any] = {
                 "requests": judged.cold_done, "ttft_s": round(judged.cold_ttft, 6),
                 "stages": {k: round(v, 6) for k, v in judged.cold_stages.items()}}
+            if judged.first is not None:
+                cold["first"] = judged.first
             if judged.cold_prompt_tokens:
                 cold.update(prompt_tokens=judged.cold_prompt_tokens,
                             cached_tokens=judged.cold_cached_tokens)
@@ -311,10 +320,6 @@ def _load(pre: _Preload) -> None:
         pre.done.set()
 
 
-
-
-
-
 def _vocabulary() -> tuple[Any, str | None, str | None]:
     """The running vLLM's vocabulary, ``(vocabulary, error, note)``: shipped for its version,
     else read once by the reader tool in a subprocess of this interpreter, kept on disk."""
@@ -323,8 +328,6 @@ def _vocabulary() -> tuple[Any, str | None, str | None]:
     return store.in_server(sys.executable,
                            os.environ.get(environment_variables.OTEL_TTFT_CACHE),
                            _VOCABULARY_READ_S)
-
-
 
 
 def _record(diagnosis: Any, pre: _Preload, trace_hex: str, start_ns: int, end_ns: int) -> dict:
@@ -338,7 +341,8 @@ def _record(diagnosis: Any, pre: _Preload, trace_hex: str, start_ns: int, end_ns
         "id": trace_hex, "key": pre.key, "model": pre.model, "kind": "start",
         "at": round(time.time(), 3), "duration_s": round((end_ns - start_ns) / 1e9, 6),
         "stages": {k: round(v, 6) for k, v in stages.items()},
-        "evidence": {"bytes_read": int(storage), "page_cache_resident_ratio": ratio,
+        "evidence": {"bytes_read": int(storage), "shard_bytes": int(part["shard_bytes"]),
+                     "page_cache_resident_ratio": ratio,
                      "compile_cache_hit": all(hits) if hits else None,
                      "compile_cache_dir": facts.get("compile_cache_dir")},
         "facts": facts, "config": pre.config,
@@ -351,8 +355,6 @@ def _save(path: Path | None, record: dict) -> None:
     problem = history.save(path, record)
     if problem:
         logger.debug("otel-ttft: activation history not saved: %s", problem)
-
-
 
 
 def _add_request_stages(into: dict[str, float], stages: dict[str, float], warmup: Any) -> None:
@@ -372,8 +374,6 @@ def _add_request_stages(into: dict[str, float], stages: dict[str, float], warmup
         own[stage] = own.get(stage, 0.0) + taken
     for k, v in own.items():
         into[k] = into.get(k, 0.0) + v
-
-
 
 
 def attributes(result: dict) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from opentelemetry import trace
 from otel_ttft import semconv
 from otel_ttft.runtime import clock, config, handoff
 from otel_ttft.runtime.context import process as this_process
+from otel_ttft.runtime.hooks import forecast_gauge
 from otel_ttft.runtime.hooks.registry import Hook
 from otel_ttft.runtime.telemetry import spans
 from otel_ttft.semconv import PROCESS_API_SERVER as API_SERVER
@@ -54,8 +55,10 @@ class _Eviction:
     """One ``vllm.switch`` span: the engine processes' exit, then this process reaching its own
     exit (atexit), which is as late as the process can still see and export."""
 
-    def __init__(self, span: trace.Span, procs: list[Any], cfg: config.Config):
+    def __init__(self, span: trace.Span, procs: list[Any], cfg: config.Config,
+                 start_ns: int = 0, on_end: Any = None):
         self.span, self.procs, self.config = span, procs, cfg
+        self.start_ns, self.on_end = start_ns, on_end  # on_end(start_ns, end_ns): the history
         self.done = threading.Event()
         self.exiting = threading.Event()
         self.exit_ns: int | None = None
@@ -80,8 +83,11 @@ class _Eviction:
             if self.done.is_set():
                 return
             self.span.set_attribute(semconv.ATTR_SWITCH_PROCESSES_LEFT, left)
-            self.span.end(end_time=end_ns or clock.now_ns())
+            end_ns = end_ns or clock.now_ns()
+            self.span.end(end_time=end_ns)
             self.done.set()
+        if self.on_end is not None and left == 0:  # an eviction that finished: the forecast's
+            self.on_end(self.start_ns, end_ns)
         flush = getattr(config.tracer_provider(self.config), "force_flush", None)
         if flush is not None:
             # The process is about to exit: the same deadline as every exit flush (issue 11).
@@ -145,6 +151,7 @@ class SwitchState:
         self.lock = threading.Lock()
         self.previous: dict[int, Any] = {}
         self.eviction: _Eviction | None = None
+        self.forecast = process_state.part(forecast_gauge.PART)  # keeps each eviction's time
 
     def start_eviction(self, signame: str) -> _Eviction | None:
         """The stop signal arrived: open the span and wait for the engine in a thread (once)."""
@@ -164,7 +171,8 @@ class SwitchState:
                 semconv.ATTR_SWITCH_RELEASED_BYTES: _resident_bytes(procs),
                 semconv.PROCESS_PID: os.getpid(),
             })
-            self.eviction = eviction = _Eviction(span, procs, self.config)
+            self.eviction = eviction = _Eviction(span, procs, self.config, start,
+                                                 self.forecast.note_eviction)
         threading.Thread(target=eviction.wait_and_end, name="otel-ttft-switch",
                          daemon=True).start()
         atexit.register(eviction.at_exit)  # runs before the SDK's own atexit shutdown (LIFO)
