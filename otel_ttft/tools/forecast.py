@@ -3,7 +3,7 @@ start, as a table or JSON (what a router or a swapper reads to pick the model to
 
 Reads the live verdict's history (the same file the servers write), the checkpoint's page-cache
 residency (mincore, never its bytes), the compile cache, the running servers and the device
-memory (``runtime/forecast_conditions``), and applies the pure model
+memory (``runtime/hooks/forecast_conditions``), and applies the pure model
 (``otel_ttft.diagnosis.forecast``). A history that cannot be read (garbage, truncated, foreign,
 too large, not a regular file) is one line and exit 2; a missing one means "no history".
 """
@@ -20,8 +20,8 @@ from typing import Any, TextIO
 from otel_ttft import semconv
 from otel_ttft.diagnosis import forecast as model
 from otel_ttft.runtime import activation_history as history
-from otel_ttft.runtime import forecast_conditions as conditions
 from otel_ttft.runtime import history_storage
+from otel_ttft.runtime.hooks import forecast_conditions as conditions
 from otel_ttft.tools import safe_io
 
 SCHEMA = "otel-ttft-forecast/1"

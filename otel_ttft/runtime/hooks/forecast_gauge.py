@@ -4,9 +4,9 @@ rests on.
 Once the API server is ready, ``ttft.switch.forecast`` reports, for every other model in this
 host's activation history, what its first token would cost if a request for it arrived now (this
 server leaving first), stage by stage (``otel_ttft.diagnosis.forecast``, the conditions read by
-``runtime/forecast_conditions``). Computed off the request path: in a thread begun at ready, then
-again when the gauge is read and the last reading is older than ``REFRESH_S``, in a thread of its
-own (the gauge reports the last one meanwhile); each reading is bounded (a history of at most
+``forecast_conditions``). Computed off the request path: in a thread begun at ready, then again
+when the gauge is read and the last reading is older than ``REFRESH_S``, in a thread of its own
+(the gauge reports the last one meanwhile); each reading is bounded (a history of at most
 1 MiB, one ``mincore`` per shard, the process list).
 
 The switch stage of those forecasts is this server's own eviction: when a stop signal ends it
@@ -82,7 +82,7 @@ class ForecastGauge:
 
     def _read(self) -> None:
         try:
-            from otel_ttft.runtime import forecast_conditions as conditions
+            from otel_ttft.runtime.hooks import forecast_conditions as conditions
 
             path = history_path()
             loaded = history.load(path) if path is not None else None
