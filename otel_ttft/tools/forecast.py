@@ -52,10 +52,11 @@ def document(records: Sequence[dict], host: conditions.Host, *, only: Sequence[s
             "forecasts": [f.as_dict() for f in found]}
 
 
-def forecast_for(model_name: str, *, outgoing: str | None = None,
-                 path: str | None = None) -> dict[str, Any]:
-    """One model's forecast as JSON-ready data (the replay records it before a switch); a
-    history that cannot be read gives "no history" with the reason."""
+def forecast_for(model_name: str, *, outgoing: str | None = None, path: str | None = None,
+                 empty_compile_cache: bool = False) -> dict[str, Any]:
+    """One model's forecast as JSON-ready data (the replay records it before a switch; it
+    knows when it will start the model with an empty compile cache); a history that cannot be
+    read gives "no history" with the reason."""
     where = path or history_storage.where()["path"]
     loaded = history.load(Path(where)) if where else history.Loaded()
     host = conditions.read_host(device=False)
@@ -63,7 +64,9 @@ def forecast_for(model_name: str, *, outgoing: str | None = None,
         doc = model.no_history(model_name).as_dict()
         doc["basis"] = [f"history not read: {loaded.problem}"]
         return doc
-    (found,) = conditions.forecasts(loaded.records, host, only=[model_name], outgoing=outgoing)
+    probe = (lambda _record: False) if empty_compile_cache else conditions.compile_cache_dir_holds
+    (found,) = conditions.forecasts(loaded.records, host, only=[model_name], outgoing=outgoing,
+                                    compile_probe=probe)
     return found.as_dict()
 
 

@@ -151,7 +151,7 @@ class SwitchState:
         self.lock = threading.Lock()
         self.previous: dict[int, Any] = {}
         self.eviction: _Eviction | None = None
-        self.forecast = process_state.part(forecast_gauge.PART)  # keeps each eviction's time
+        self.forecast = process_state.parts.get(forecast_gauge.PART)  # keeps evictions: forecast
 
     def start_eviction(self, signame: str) -> _Eviction | None:
         """The stop signal arrived: open the span and wait for the engine in a thread (once)."""
@@ -172,7 +172,7 @@ class SwitchState:
                 semconv.PROCESS_PID: os.getpid(),
             })
             self.eviction = eviction = _Eviction(span, procs, self.config, start,
-                                                 self.forecast.note_eviction)
+                                                 getattr(self.forecast, "note_eviction", None))
         threading.Thread(target=eviction.wait_and_end, name="otel-ttft-switch",
                          daemon=True).start()
         atexit.register(eviction.at_exit)  # runs before the SDK's own atexit shutdown (LIFO)

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from otel_ttft import semconv
 from otel_ttft.diagnosis import prefix
 from otel_ttft.runtime import environment_variables as env
-from otel_ttft.tools.analysis import breakdown, change, verdict
+from otel_ttft.tools.analysis import breakdown, change, forecast_check, verdict
 from otel_ttft.tools.analysis.breakdown import PIPELINE, Collected, RequestSummary
 
 SCHEMA = "otel-ttft/analysis/v1"
@@ -164,6 +164,8 @@ def request_record(request: RequestSummary, collected: Collected, *,
         if value is not None:  # measured: the server's cold count, the replay's eviction check,
             # the prompt tokens vLLM read from its prefix cache
             record["evidence"][key] = value
+    if request.forecast is not None:
+        record["forecast"] = forecast_check.compare(request.forecast, record)
     if segments:
         record["segments"] = [{"stage": stage.partition(".")[0], "substage": stage,
                                "start_s": round((start - request.start_ns) / _NS, 6),

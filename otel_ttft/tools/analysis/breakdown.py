@@ -22,6 +22,7 @@ from typing import Any
 
 from otel_ttft import semconv
 from otel_ttft.diagnosis import activation as activation_facts
+from otel_ttft.tools.analysis import forecast_check
 from otel_ttft.tools.analysis.traces import SpanNode, build_trees, staged_segments
 
 _NS = 1e9
@@ -119,6 +120,7 @@ class RequestSummary:
     evicted_resident: float | None = None  # replay: checkpoint in page cache before the switch
     evicted_cold: bool | None = None  # replay: that counted as cold
     cached_tokens: int | None = None  # prompt tokens vLLM read from its prefix cache
+    forecast: dict | None = None  # replay: the forecast read just before its switch
 
 
 @dataclass
@@ -328,6 +330,7 @@ def _request(node: SpanNode) -> RequestSummary | None:
         evicted_resident=_float(ca.get(semconv.ATTR_REPLAY_EVICT_RESIDENT)),
         evicted_cold=evicted_cold if isinstance(evicted_cold, bool) else None,
         cached_tokens=_int(a.get(semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS)),
+        forecast=forecast_check.parse(ca.get(semconv.ATTR_REPLAY_FORECAST)),
     )
 
 

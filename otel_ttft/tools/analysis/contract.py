@@ -103,6 +103,32 @@ class Segment(_Model):
         return self.substage or self.stage
 
 
+class Forecast(_Model):
+    """A switching request's forecast, read just before its switch (replay), against it."""
+
+    status: Name
+    """forecast, or "no history" (the model never started on that host)."""
+    total_s: Seconds | None = None
+    """The forecast TTFT."""
+    low_s: Seconds | None = None
+    high_s: Seconds | None = None
+    """The forecast's range."""
+    stages: dict[Name, Seconds] = Field(default_factory=dict)
+    """Expected seconds per stage family."""
+    basis_count: int = Field(default=0, ge=0)
+    """Earlier activations it rests on."""
+    basis: list[Name] = Field(default_factory=list, max_length=64)
+    """How the conditions differed from theirs, in words."""
+    actual_s: Seconds | None = None
+    """The request's measured client TTFT."""
+    error: Offset | None = None
+    """(forecast - actual) / actual."""
+    largest_forecast: Name | None = None
+    largest_actual: Name | None = None
+    """The largest stage, forecast and measured."""
+    within_range: bool | None = None
+
+
 class Request(_Model):
     """One timed request and its client TTFT split into stages."""
 
@@ -131,6 +157,8 @@ class Request(_Model):
     """The activation trace the request was joined to."""
     segments: list[Segment] = Field(default_factory=list, max_length=100_000)
     """The tiling in time order (written with --json only)."""
+    forecast: Forecast | None = None
+    """Replay, switching scenarios: the forecast read just before the switch, against this."""
 
 
 class Scenario(_Model):

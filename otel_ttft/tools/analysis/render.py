@@ -9,6 +9,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from otel_ttft.tools.analysis import forecast_check
 from otel_ttft.tools.analysis.breakdown import PIPELINE
 from otel_ttft.tools.analysis.tree import format_duration
 
@@ -75,6 +76,7 @@ def print_analysis(doc: dict, out: TextIO, *, width: int | None = None,
     for error in doc.get("errors") or []:
         console.print(f"failed request {error['trace_id'][:8]} ({error['scenario']}): "
                       f"{error['error']}")
+    _print_forecasts(console, doc)
     if not doc["verdicts"]:
         console.print("no verdicts: no baseline scenario to compare with (replay a warm "
                       "short prompt, or pass --baseline)")
@@ -86,6 +88,31 @@ def print_analysis(doc: dict, out: TextIO, *, width: int | None = None,
         if note:
             console.print(f"    note: {note}")
         _print_change(console, v.get("change"))
+
+
+def _print_forecasts(console: Console, doc: dict) -> None:
+    """Each switching request's forecast (read before its switch) against what it measured."""
+    rows = forecast_check.rows(doc)
+    if not rows:
+        return
+    table = Table(title="Forecast against actual (read just before each switch)",
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("scenario", "#", "model", "forecast", "actual", "error", "largest f/a"):
+        table.add_column(name, no_wrap=True, justify="right" if name in (
+            "#", "forecast", "actual", "error") else "left")
+    table.add_column("stages: forecast / actual", no_wrap=True)
+    for r in rows:
+        if r.get("total_s") is None:
+            table.add_row(r["scenario"], str(r.get("repeat_index")), _model(r["model"]),
+                          r["status"], _seconds(r["actual_s"]), "", "", "")
+            continue
+        error = f"{r['error']:+.0%}" if r.get("error") is not None else "-"
+        stages = "  ".join(f"{s} {_seconds(f)}/{_seconds(a)}"
+                           for s, (f, a) in r["stages_vs"].items())
+        table.add_row(r["scenario"], str(r.get("repeat_index")), _model(r["model"]),
+                      _seconds(r["total_s"]), _seconds(r["actual_s"]), error,
+                      f"{r.get('largest_forecast')}/{r.get('largest_actual')}", stages)
+    console.print(table)
 
 
 def _print_change(console: Console, change: dict | None) -> None:

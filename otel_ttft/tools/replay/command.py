@@ -265,13 +265,19 @@ def _run(driver_name: str, targets, progress, out: Path, endpoint: str, start_ti
          warm_prefix: bool = False, logprobs: int = 0) -> int:
     import httpx
 
+    from otel_ttft.runtime import history_storage
     from otel_ttft.runtime.config import Config
+    from otel_ttft.runtime.environment_variables import OTEL_TTFT_VERDICT_HISTORY
     from otel_ttft.tools.replay import drivers as d
     from otel_ttft.tools.replay.client import Sampling, make_meter_provider, make_tracer_provider
     from otel_ttft.tools.replay.runner import FLUSH_MS, ReplayRun
     from otel_ttft.tools.replay.server import telemetry_env
 
     env = {**telemetry_env(endpoint), "OTEL_BSP_SCHEDULE_DELAY": "200"}
+    # One history for every server it starts, a cold one's emptied cache root included: what
+    # each switch's forecast reads just before it.
+    history = os.environ.get(OTEL_TTFT_VERDICT_HISTORY) or history_storage.where()["path"]
+    env[OTEL_TTFT_VERDICT_HISTORY] = history
     if driver_name == "sleep":
         env["VLLM_SERVER_DEV_MODE"] = "1"
     restart = d.RestartDriver(targets, progress, log_dir=out, env=env,
@@ -291,7 +297,7 @@ def _run(driver_name: str, targets, progress, out: Path, endpoint: str, start_ti
                                  if t.model and Path(t.model).is_dir()},
                     progress=progress, repeat_warm=repeat_warm,
                     cold_requests=Config.from_env().cold_requests, setup=setup,
-                    switch_ahead=switch_ahead, warm_prefix=warm_prefix)
+                    switch_ahead=switch_ahead, warm_prefix=warm_prefix, history=history)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -116,6 +116,7 @@ class ReplayRun:
     cold_requests: int = env.DEFAULT_COLD_REQUESTS  # the servers' OTEL_TTFT_COLD_REQUESTS
     switch_ahead: bool = False  # activate before the timed requests (probes, not the prefix)
     warm_prefix: bool = False  # after each activation, the shared prefix once, untimed
+    history: str | None = None  # the servers' activation history: each switch's forecast
     _last_model: str | None = None
     # target name -> (driver generation, requests its server answered since then)
     _served: dict[str, tuple[object, int]] = field(default_factory=dict)
@@ -248,6 +249,18 @@ class ReplayRun:
                 self.driver.generation(target):
             self._warm(client, step.model, "short", least=1)
 
+    def _forecast(self, step: Step, switch_from: str | None) -> str:
+        """The forecast of ``step``'s first token, read just before its switch (the page cache
+        as the setup left it; a cold step's compile cache is the empty one it will get)."""
+        from otel_ttft.tools.forecast import forecast_for
+
+        try:
+            doc = forecast_for(step.model, outgoing=switch_from, path=self.history,
+                               empty_compile_cache=step.cold)
+        except Exception as exc:  # noqa: BLE001 - a forecast never costs the replay its run
+            doc = {"model": step.model, "status": "error", "basis": [f"{type(exc).__name__}"]}
+        return json.dumps(doc, sort_keys=True, allow_nan=False)
+
     def _timed(self, client: ChatClient, scenario: str, index: int, step: Step, *,
                evicted: bool = False) -> None:
         target = self._target(step.model)
@@ -286,6 +299,8 @@ class ReplayRun:
         cold = (self.driver.name != "resident" and not step.resident and not ahead
                 and (step.cold or switch_from is not None))
         metric_attrs = {semconv.ATTR_REPLAY_SCENARIO: scenario, semconv.ATTR_REQUEST_COLD: cold}
+        if cold and scenario in semconv.SCENARIOS_SWITCHING and self.history:
+            attrs[semconv.ATTR_REPLAY_FORECAST] = self._forecast(step, switch_from)
         with ThreadPoolExecutor(self.concurrency) as pool:
             futures = [pool.submit(client.request, step.model, self._messages(step.prompt),
                                    before_send, attrs, metric_attributes=metric_attrs,
