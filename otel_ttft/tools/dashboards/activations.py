@@ -36,6 +36,8 @@ TRACE_LINK = "/explore?left=" + urllib.parse.quote(json.dumps(
                                              "query": "TRACE_ID"}]}, separators=(",", ":")),
     safe="").replace("TEMPO_UID", "${tempo}").replace("TRACE_ID", "${__value.raw}")
 READ = "ttft_load_read_throughput_gigabytes_per_second"
+FORECAST = naming.metric_name(semconv.METRIC_SWITCH_FORECAST, "s", naming.GAUGE)
+BOUND = naming.label_name(semconv.ATTR_FORECAST_BOUND)
 # Leaf stages: they do not contain one another, so stacking them does not count time twice.
 LEAF_STAGES = "|".join((
     semconv.STAGE_SWITCH_SLEEP, semconv.STAGE_LOAD_INIT, semconv.STAGE_LOAD_READ,
@@ -67,6 +69,38 @@ def why_slow_panel() -> table_panel.Panel:
                 {"title": "Open the activation trace in Tempo", "url": TRACE_LINK}])]))
 
 
+def forecast_panel() -> table_panel.Panel:
+    """Each model's forecast, stage by stage, as the servers of its host read it now."""
+    expr = (f"max by (gen_ai_request_model, ttft_stage) "
+            f"({FORECAST}{{{BOUND}=\"expected\", {SEL}}})")
+    return (table_panel.Panel().title("Forecast: each model's next first token, per stage")
+            .description(
+                "ttft.switch.forecast: what the first token of each model of the host would cost "
+                "if a request for it arrived now (the reporting server leaving first), from its "
+                "earlier activations there and the conditions read now (page cache of its "
+                "checkpoint, compile cache); stage total is the whole TTFT. A model never "
+                "started on the host has no row. `otel-ttft forecast` says the basis and the "
+                "range. Evict the model that is cheapest to bring back.")
+            .unit("s").datasource(PROMETHEUS).span(12).height(9)
+            .with_target(prom(expr, instant=True, table=True))
+            .with_transformation(dm.DataTransformerConfig(id_val="organize", options={
+                "excludeByName": {"Time": True}, "renameByName": {"Value": "forecast"}})))
+
+
+def last_stages_panel() -> table_panel.Panel:
+    """The last activation's measured leaf stages per model: what the forecast is checked by."""
+    expr = (f"max by (gen_ai_request_model, ttft_stage) "
+            f"({LAST}{{ttft_stage=~\"{LEAF_STAGES}\", {SEL}}})")
+    return (table_panel.Panel().title("The last switch's actual stages, per model")
+            .description(
+                "ttft.activation.stage.last_duration: the longest span of each leaf stage in "
+                "the latest activation of each model, beside its forecast.")
+            .unit("s").datasource(PROMETHEUS).span(12).height(9)
+            .with_target(prom(expr, instant=True, table=True))
+            .with_transformation(dm.DataTransformerConfig(id_val="organize", options={
+                "excludeByName": {"Time": True}, "renameByName": {"Value": "actual"}})))
+
+
 def build() -> db.Dashboard:
     return (
         new_dashboard("activations", "otel-ttft / Activations",
@@ -83,6 +117,9 @@ def build() -> db.Dashboard:
             f'{{ name = "{semconv.SPAN_ACTIVATION_VERDICT}" }} | '
             f'select(span.{semconv.ATTR_VERDICT_OUTCOME}, '
             f'span.{semconv.ATTR_VERDICT_SUMMARY})', limit=20, height=7))
+        .with_row(db.Row("Before the next switch: the forecast"))
+        .with_panel(forecast_panel())
+        .with_panel(last_stages_panel())
         .with_row(db.Row("Stages of each activation"))
         .with_panel(timeseries_panel(
             "Activation stages per model (stacked, latest activation of each process)",
