@@ -3,7 +3,7 @@
 - the checkpoint's page-cache residency: one ``mincore`` per shard (``hooks/load/pagecache``, the
   reading the load stage records), never its contents;
 - whether the compile cache holds the model's artifacts: a :data:`CompileCacheProbe` (by
-  default, whether the cache directory the last start of the model used still holds files);
+  default, the compile-cache reader on the key the model's last start used);
 - which vLLM API servers run on this host, and which model each serves (``/proc`` command lines),
   so the one that must leave is known;
 - which other processes hold the GPU's memory (``nvidia-smi``, where there is one).
@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from otel_ttft.diagnosis import forecast as model
+from otel_ttft.runtime import compile_cache
 from otel_ttft.runtime.hooks.load import pagecache
 
 SHARD_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
@@ -104,18 +105,22 @@ def page_cache(files: Sequence[Path]) -> PageCacheReading:
 
 
 def compile_cache_dir_holds(record: dict) -> bool | None:
-    """The default :data:`CompileCacheProbe`: whether the compile cache directory the model's
-    last start used (its ``compile_cache_dir`` fact) still holds a file; ``None`` when the start
+    """The default :data:`CompileCacheProbe`: whether vLLM's compile cache still holds artifacts
+    under the key the model's last start used (its ``compile_cache_dir`` fact), read with the
+    compile-cache reader (``runtime/compile_cache``: listings only); ``None`` when that start
     compiled nothing (eager) or named no directory."""
     facts = record.get("facts") or {}
     evidence = record.get("evidence") or {}
-    where = facts.get("compile_cache_dir") or evidence.get("compile_cache_dir")
-    if not isinstance(where, str) or not where:
+    used = facts.get("compile_cache_dir") or evidence.get("compile_cache_dir")
+    if not isinstance(used, str) or not used:
         return None
-    try:
-        return any(files for _root, _dirs, files in os.walk(where))
-    except OSError:
-        return False
+    parts = Path(used).parts
+    if compile_cache.COMPILE_DIR not in parts:
+        return None
+    root = Path(*parts[:parts.index(compile_cache.COMPILE_DIR)])
+    state = compile_cache.inspect(root, mounts=[], hints=[]).state_for(used)
+    return {compile_cache.STATE_PRESENT: True, compile_cache.STATE_UNKNOWN: None}.get(state,
+                                                                                    False)
 
 
 def running_servers(proc: str = "/proc") -> list[RunningServer]:
