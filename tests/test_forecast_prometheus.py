@@ -5,7 +5,9 @@ stage by stage, side by side."""
 
 from __future__ import annotations
 
+import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -15,12 +17,17 @@ from tests.prom_helpers import api, backfill, have_prometheus, prom_queries, pro
 
 pytestmark = pytest.mark.skipif(not have_prometheus(), reason="needs prometheus and promtool")
 
+ROOT = Path(__file__).resolve().parents[1]
 FORECAST = naming.metric_name(semconv.METRIC_SWITCH_FORECAST, "s", naming.GAUGE)
 LAST = "ttft_activation_stage_last_duration_seconds"
 # stage, bound, value: what a server of model A reports for model B
 POINTS = [("switch", "expected", 3.5), ("load", "expected", 2.3), ("warmup", "expected", 22.0),
           ("prefill", "expected", 0.05), ("total", "expected", 27.85), ("total", "low", 25.0),
           ("total", "high", 31.0)]
+
+
+CHEAPEST = re.search(r"(bottomk.*?\})\)", (ROOT / "docs" / "forecast.md").read_text(),
+                     re.S).group(0)
 
 
 def _openmetrics(now: float) -> bytes:
@@ -55,3 +62,7 @@ def test_the_forecast_panel_sits_beside_the_last_switchs_actual_stages(tmp_path)
         out = api(url, "/api/v1/query", query=actual, time=now - 20)
         rows = {r["metric"]["ttft_stage"]: float(r["value"][1]) for r in out["data"]["result"]}
         assert rows == {"load.read": 2.1, "warmup.process_start": 21.0}
+        # docs/forecast.md's query for a swapper: the model cheapest to bring back
+        (cheapest,) = api(url, "/api/v1/query", query=CHEAPEST, time=now - 20)["data"]["result"]
+        assert cheapest["metric"]["gen_ai_request_model"] == "B"
+        assert float(cheapest["value"][1]) == pytest.approx(27.85)
