@@ -218,7 +218,7 @@ def analysis_models() -> list[type]:
     from otel_ttft.tools.analysis import contract
 
     return [contract.Analysis, contract.Run, contract.Request, contract.Evidence,
-            contract.Segment, contract.Scenario, contract.Verdict, contract.ChainLink,
+            contract.Forecast, contract.Segment, contract.Scenario, contract.Verdict, contract.ChainLink,
             contract.Verification]
 
 
