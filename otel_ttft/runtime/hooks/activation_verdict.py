@@ -238,15 +238,13 @@ class LiveVerdict:
             logger.debug("otel-ttft: no cold-request verdict", exc_info=True)
 
     def _emit(self, result: dict, judged: _Judged) -> None:
-        """One verdict: a child span of the activation, the log line, the gauge."""
+        """One verdict: the log line, the gauge, then a child span of the activation (last: a
+        reader that saw the span finds the line and the gauge there too)."""
         if self._closed:
             return
         if judged.vocab_note:
             result["vocabulary_note"] = judged.vocab_note
         now = clock.now_ns()
-        parent = trace.set_span_in_context(trace.NonRecordingSpan(judged.span_context))
-        spans.emit_span(semconv.SPAN_ACTIVATION_VERDICT, now, now, context=parent,
-                        attributes=attributes(result), tracer=self._tracer)
         self._latest = _report(result, judged.trace_hex)
         if self._feed is None:
             self._feed = metrics.observable_gauge(
@@ -254,6 +252,9 @@ class LiveVerdict:
                 description="The blamed stage's increase over the earlier activations of its "
                             "model on this host, in this server's latest verdict (labels: "
                             "stage, fix, outcome)")
+        parent = trace.set_span_in_context(trace.NonRecordingSpan(judged.span_context))
+        spans.emit_span(semconv.SPAN_ACTIVATION_VERDICT, now, now, context=parent,
+                        attributes=attributes(result), tracer=self._tracer)
 
     def _observe(self, options: CallbackOptions):
         latest = self._latest
