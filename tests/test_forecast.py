@@ -229,7 +229,7 @@ def test_the_gauge_reports_the_other_models_of_this_host(checkpoint, tmp_path, m
     part = state.part(forecast_gauge.PART)
     try:
         part.on_ready()
-        part._reading.join(10)
+        part._reading.join(60)
         points = list(part._observe(None))
         models = {p.attributes[semconv.GEN_AI_REQUEST_MODEL] for p in points}
         assert models == {"B"}  # A is this server's own
@@ -262,3 +262,20 @@ def test_the_analysis_puts_the_forecast_beside_the_measured_stages():
     got = forecast_check.compare(f, record)
     assert got["error"] == pytest.approx(-1 / 11, abs=1e-3) and got["within_range"] is True
     assert got["largest_forecast"] == got["largest_actual"] == "warmup"
+
+
+def test_the_switch_counts_the_swappers_handover_after_the_eviction(checkpoint):
+    """The outgoing server's span ends at its exit handler; the next start's exec comes later
+    (the process's last teardown, the swapper's spawn): measured between the records."""
+    records = _history(checkpoint)
+    ended = iter((100.0, 300.0))  # A's two evictions ended then
+    began = iter((50.0, 102.0, 250.0, 500.0))  # A, B 2 s after the first, A, B much later
+    for r in records:
+        if r["kind"] == "switch":
+            r["ended_at"] = next(ended)
+        else:
+            r["started_at"] = next(began)
+    assert model.handovers(records) == [2.0]
+    (b,) = conditions.forecasts(records, conditions.Host(), only=["B"], outgoing="A")
+    assert b.stages["switch"].expected_s == pytest.approx(3.5 + 2.0)
+    assert any("until the next start's exec" in line for line in b.basis)

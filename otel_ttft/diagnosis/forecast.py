@@ -137,6 +137,26 @@ def evictions(records: Iterable[dict], model: str) -> list[float]:
             if r.get("kind") == "switch" and record_model(r) == model]
 
 
+HANDOVER_MAX_S = 120.0  # a start this long after an eviction ended was not waiting for it
+
+
+def handovers(records: Iterable[dict]) -> list[float]:
+    """Seconds between an eviction's end and the next start's exec on this host, where a start
+    followed one within ``HANDOVER_MAX_S``: the swapper's own part of a switch (the outgoing
+    process's exit after its last span, the next process's spawn), which neither server sees."""
+    ends = sorted(_num(r.get("ended_at")) for r in records
+                  if r.get("kind") == "switch" and _num(r.get("ended_at")) > 0)
+    out = []
+    for r in records:
+        began = _num(r.get("started_at"))
+        if not is_start(r) or began <= 0:
+            continue
+        before = [e for e in ends if e <= began]
+        if before and began - before[-1] <= HANDOVER_MAX_S:
+            out.append(began - before[-1])
+    return out
+
+
 def first_token_stages(record: dict) -> tuple[dict[str, float], bool]:
     """Seconds per (sub-)stage of one activation's first token: its start -> ready, then its
     first request (``cold.first``; else the cold requests' mean). The flag: a first request was
@@ -238,7 +258,7 @@ def forecast(model: str, starts: Sequence[dict], conditions: Conditions,
                      "request recorded: their first token counts start -> ready only")
     _adjust_compile(starts, rows, conditions, basis)
     _adjust_load(starts, rows, conditions, host_records or starts, basis)
-    switch = _switch(conditions, basis)
+    switch = _switch(conditions, handovers(host_records or starts), basis)
     keys = sorted({k for row in rows for k in row})
     sub = {k: _stage(k, [row.get(k, 0.0) for row in rows]) for k in keys}
     if switch is not None:
@@ -269,20 +289,31 @@ def _stage(stage: str, values: list[float]) -> StageForecast:
     return StageForecast(stage, statistics.median(values), min(values), max(values))
 
 
-def _switch(conditions: Conditions, basis: list[str]) -> StageForecast | None:
+def _switch(conditions: Conditions, gaps: Sequence[float],
+            basis: list[str]) -> StageForecast | None:
+    """The outgoing server's eviction, plus the handover the host's swapper took after one."""
     if conditions.outgoing is None:
         if conditions.device_held_by:
             basis.append("device memory held by " + ", ".join(conditions.device_held_by)
                          + ": it must be freed first (its eviction is not forecast)")
         return None
-    seen = list(conditions.outgoing_evictions_s)
+    seen = list(conditions.outgoing_evictions_s)[-MAX_BASIS:]
     if not seen:
         basis.append(f"{conditions.outgoing} must leave first; its eviction was never "
                      "measured here (switch not forecast)")
         return None
-    basis.append(f"switch: {conditions.outgoing} leaves first ({len(seen)} eviction"
-                 f"{'s' if len(seen) > 1 else ''} measured)")
-    return _stage(semconv.STAGE_SWITCH, seen[-MAX_BASIS:])
+    evict = _stage(semconv.STAGE_SWITCH, seen)
+    line = (f"switch: {conditions.outgoing} leaves first ({len(seen)} eviction"
+            f"{'s' if len(seen) > 1 else ''} measured)")
+    if gaps:
+        gaps = list(gaps)[-MAX_BASIS:]
+        hand = _stage(semconv.STAGE_SWITCH, gaps)
+        evict = StageForecast(semconv.STAGE_SWITCH, evict.expected_s + hand.expected_s,
+                              evict.low_s + hand.low_s, evict.high_s + hand.high_s)
+        line += (f", then {hand.expected_s:.2f} s until the next start's exec (median of "
+                 f"{len(gaps)} handover{'s' if len(gaps) > 1 else ''} here)")
+    basis.append(line)
+    return evict
 
 
 def _adjust_compile(starts: Sequence[dict], rows: list[dict[str, float]],

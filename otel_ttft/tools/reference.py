@@ -218,8 +218,8 @@ def analysis_models() -> list[type]:
     from otel_ttft.tools.analysis import contract
 
     return [contract.Analysis, contract.Run, contract.Request, contract.Evidence,
-            contract.Forecast, contract.Segment, contract.Scenario, contract.Verdict, contract.ChainLink,
-            contract.Verification]
+            contract.Forecast, contract.Segment, contract.Scenario, contract.Verdict,
+            contract.ChainLink, contract.Verification]
 
 
 def _schema_type(schema: dict[str, Any]) -> str:

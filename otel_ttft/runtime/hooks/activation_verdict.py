@@ -340,7 +340,8 @@ def _record(diagnosis: Any, pre: _Preload, trace_hex: str, start_ns: int, end_ns
     facts = part["facts"]
     return {
         "id": trace_hex, "key": pre.key, "model": pre.model, "kind": "start",
-        "at": round(time.time(), 3), "duration_s": round((end_ns - start_ns) / 1e9, 6),
+        "at": round(time.time(), 3), "started_at": round(start_ns / 1e9, 3),
+        "duration_s": round((end_ns - start_ns) / 1e9, 6),
         "stages": {k: round(v, 6) for k, v in stages.items()},
         "evidence": {"bytes_read": int(storage), "shard_bytes": int(part["shard_bytes"]),
                      "page_cache_resident_ratio": ratio,

@@ -24,6 +24,7 @@ import subprocess
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from otel_ttft.diagnosis import forecast as model
 from otel_ttft.runtime import compile_cache
@@ -85,12 +86,13 @@ def shard_files(directory: Path) -> list[Path]:
     return safetensors or files
 
 
-def page_cache(files: Sequence[Path]) -> PageCacheReading:
-    """Residency of ``files`` in the page cache, by size: mincore only, no byte read."""
+def page_cache(files: Sequence[Path], libc: Any = None) -> PageCacheReading:
+    """Residency of ``files`` in the page cache, by size: mincore only, no byte read (``libc``
+    from ``pagecache.open_libc``, which runs ``ldconfig``: found once per host reading)."""
     total, weighted, weight = 0, 0.0, 0
-    libc = None
-    with contextlib.suppress(OSError):
-        libc = pagecache.open_libc()
+    if libc is None:
+        with contextlib.suppress(OSError):
+            libc = pagecache.open_libc()
     for f in files:
         try:
             size = f.stat().st_size
@@ -188,11 +190,17 @@ class Host:
     servers: tuple[RunningServer, ...] = ()
     device_held_by: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    libc: Any = None  # for mincore, found once (``pagecache.open_libc``)
 
 
-def read_host(*, device: bool = True) -> Host:
+def read_host(*, device: bool = True, libc: Any = None) -> Host:
+    """The running servers, the device memory's holders and libc (``libc``: one found
+    before)."""
     holders, note = device_memory_holders() if device else ((), None)
-    return Host(tuple(running_servers()), holders, (note,) if note else ())
+    if libc is None:
+        with contextlib.suppress(OSError):
+            libc = pagecache.open_libc()
+    return Host(tuple(running_servers()), holders, (note,) if note else (), libc)
 
 
 def _names(record: dict) -> set[str]:
@@ -213,7 +221,7 @@ def conditions(latest: dict, records: Iterable[dict], host: Host, *,
     if directory is None:
         notes.append(f"checkpoint {ref!r} is not a local directory: page cache not read")
     else:
-        reading = page_cache(shard_files(directory))
+        reading = page_cache(shard_files(directory), host.libc)
         if reading.files:
             size, ratio = reading.total_bytes, reading.resident_ratio
         else:

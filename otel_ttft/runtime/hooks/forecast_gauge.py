@@ -58,6 +58,7 @@ class ForecastGauge:
         self._read_at = 0.0
         self._reading: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._libc: Any = None  # found once (ldconfig), kept for every reading
         self._closed = False
 
     def on_ready(self) -> None:
@@ -90,7 +91,8 @@ class ForecastGauge:
                 self._observations = []
                 return
             mine = this_process.served_model
-            host = conditions.read_host()
+            host = conditions.read_host(libc=self._libc)
+            self._libc = host.libc
             found = conditions.forecasts(loaded.records, host, outgoing=mine)
             found = [f for f in found if f.model != mine and f.total_s is not None]
             self._observations = observations(found[-MAX_MODELS:])
@@ -116,7 +118,9 @@ class ForecastGauge:
             seconds = round((end_ns - start_ns) / 1e9, 6)
             problem = history.save(path, {
                 "id": uuid.uuid4().hex, "key": f"switch:{model}"[:300], "model": model,
-                "kind": "switch", "at": round(time.time(), 3), "duration_s": seconds,
+                "kind": "switch", "at": round(time.time(), 3),
+                "started_at": round(start_ns / 1e9, 3), "ended_at": round(end_ns / 1e9, 3),
+                "duration_s": seconds,
                 "stages": {semconv.STAGE_SWITCH: seconds}, "evidence": {}, "facts": {}})
             if problem:
                 logger.debug("otel-ttft: eviction not kept: %s", problem)
