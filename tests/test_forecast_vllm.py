@@ -53,6 +53,17 @@ def _first_token_s(url: str, name: str) -> float:
     raise AssertionError("no first chunk")
 
 
+def _print_history(path: Path) -> None:
+    """Each record, for the log: what the forecasts rested on."""
+    for r in history.load(path).records:
+        top = sorted(r["stages"].items(), key=lambda kv: -kv[1])[:3]
+        first = ((r.get("cold") or {}).get("first") or {}).get("ttft_s")
+        print(f"  {r.get('kind')} {r.get('model')} {r['duration_s']:.2f} s "
+              f"started_at {r.get('started_at')} ended_at {r.get('ended_at')} first {first} "
+              f"resident {(r.get('evidence') or {}).get('page_cache_resident_ratio')} "
+              + " ".join(f"{k} {v:.2f}" for k, v in top))
+
+
 def _evict(ckpt: Path) -> float:
     files = [f for f in ckpt.iterdir() if f.suffix == ".safetensors"]
     for _ in range(5):
@@ -78,6 +89,7 @@ def test_the_forecast_of_the_next_start_comes_true(receiver, tmp_path, monkeypat
                    "--serve-b", EAGER])
     assert rc == 0, f"replay failed; server logs in {tmp_path / 'logs'}"
     capsys.readouterr()
+    _print_history(path)
 
     # analyze: forecast against actual, per stage, for every switch the replay made
     out = tmp_path / "analysis.json"
@@ -97,6 +109,7 @@ def test_the_forecast_of_the_next_start_comes_true(receiver, tmp_path, monkeypat
             time.sleep(2)
     assert doc is not None, "the switching requests' spans did not all arrive"
     table = capsys.readouterr().out
+    print(table[table.find("Forecast against actual"):])
     assert "Forecast against actual" in table
     rows = {(r["scenario"], r["repeat_index"]): r for r in doc["requests"] if r.get("forecast")}
     assert rows[("cold-switch", 0)]["forecast"]["status"] == "no history"  # B's first start
