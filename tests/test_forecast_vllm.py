@@ -53,12 +53,12 @@ def _first_token_s(url: str, name: str) -> float:
     raise AssertionError("no first chunk")
 
 
-def _print_history(path: Path) -> None:
+def _print_history(path: Path, say) -> None:
     """Each record, for the log: what the forecasts rested on."""
     for r in history.load(path).records:
         top = sorted(r["stages"].items(), key=lambda kv: -kv[1])[:3]
         first = ((r.get("cold") or {}).get("first") or {}).get("ttft_s")
-        print(f"  {r.get('kind')} {r.get('model')} {r['duration_s']:.2f} s "
+        say(f"  {r.get('kind')} {r.get('model')} {r['duration_s']:.2f} s "
               f"started_at {r.get('started_at')} ended_at {r.get('ended_at')} first {first} "
               f"resident {(r.get('evidence') or {}).get('page_cache_resident_ratio')} "
               + " ".join(f"{k} {v:.2f}" for k, v in top))
@@ -89,7 +89,12 @@ def test_the_forecast_of_the_next_start_comes_true(receiver, tmp_path, monkeypat
                    "--serve-b", EAGER])
     assert rc == 0, f"replay failed; server logs in {tmp_path / 'logs'}"
     capsys.readouterr()
-    _print_history(path)
+
+    def say(text: str) -> None:  # the log of what was measured, past capsys
+        with capsys.disabled():
+            print(text, flush=True)
+
+    _print_history(path, say)
 
     # analyze: forecast against actual, per stage, for every switch the replay made
     out = tmp_path / "analysis.json"
@@ -109,7 +114,7 @@ def test_the_forecast_of_the_next_start_comes_true(receiver, tmp_path, monkeypat
             time.sleep(2)
     assert doc is not None, "the switching requests' spans did not all arrive"
     table = capsys.readouterr().out
-    print(table[table.find("Forecast against actual"):])
+    say(table[table.find("Forecast against actual"):])
     assert "Forecast against actual" in table
     rows = {(r["scenario"], r["repeat_index"]): r for r in doc["requests"] if r.get("forecast")}
     assert rows[("cold-switch", 0)]["forecast"]["status"] == "no history"  # B's first start
@@ -117,7 +122,7 @@ def test_the_forecast_of_the_next_start_comes_true(receiver, tmp_path, monkeypat
     for scenario in ("cold-switch", "switch-back"):
         r = rows[(scenario, REPEATS - 1)]
         f = r["forecast"]
-        print(f"{scenario}: forecast {f['total_s']:.2f} s ({f['basis_count']} starts), actual "
+        say(f"{scenario}: forecast {f['total_s']:.2f} s ({f['basis_count']} starts), actual "
               f"{r['client_ttft_s']:.2f} s; stages forecast {f['stages']}, actual {r['stages']}")
         assert f["status"] == "forecast" and f["basis_count"] >= 2, f
         assert abs(f["error"]) <= WITHIN, (scenario, f, r["stages"])
@@ -135,7 +140,7 @@ def test_the_forecast_of_the_next_start_comes_true(receiver, tmp_path, monkeypat
                                                                                            cold)
     grown = cold["substages"]["load.read"]["expected_s"] - warm["substages"]["load.read"][
         "expected_s"]
-    print(f"A cold: load.read forecast {cold['substages']['load.read']['expected_s']:.3f} s "
+    say(f"A cold: load.read forecast {cold['substages']['load.read']['expected_s']:.3f} s "
           f"(+{grown:.3f} s), total {cold['total_s']:.2f} s; basis {cold['basis']}")
 
     # ... and the next start of A confirms it
@@ -157,7 +162,7 @@ def test_the_forecast_of_the_next_start_comes_true(receiver, tmp_path, monkeypat
             if (last.get("cold") or {}).get("first"):
                 break
             time.sleep(1)
-    print(f"A cold start: measured {measured:.2f} s, forecast {cold['total_s']:.2f} s; load.read "
+    say(f"A cold start: measured {measured:.2f} s, forecast {cold['total_s']:.2f} s; load.read "
           f"measured {last['stages'].get('load.read', 0):.3f} s, resident "
           f"{last['evidence']['page_cache_resident_ratio']}")
     assert last["evidence"]["page_cache_resident_ratio"] < 0.5  # it did read from storage
