@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from otel_ttft import semconv
 from otel_ttft.runtime import activation_history as history
 from otel_ttft.runtime.hooks.load import pagecache
 from otel_ttft.tools import cli, tiny_model
@@ -82,7 +83,7 @@ def test_the_forecast_of_the_next_start_comes_true(receiver, tmp_path, monkeypat
     monkeypatch.setenv("OTEL_TTFT_VERDICT_HISTORY", str(path))
     monkeypatch.setenv("OTEL_TTFT_COLD_REQUESTS", "1")
     model_a = private_copy(tiny_model.ensure_tiny_model(), tmp_path / "a")
-    name_a = model_a.name
+    name_a, name_b = model_a.name, tiny_model.MODEL_B_NAME
     rc = run_argv(["--scenarios", "cold-switch,switch-back", "--repeat", str(REPEATS),
                    "--otlp-endpoint", receiver.http_endpoint, "--out", str(tmp_path / "logs"),
                    "--max-tokens", "4", "--model-a", str(model_a), "--serve-a", EAGER,
@@ -155,6 +156,19 @@ def test_the_forecast_of_the_next_start_comes_true(receiver, tmp_path, monkeypat
     with server:
         ready = time.monotonic() - began
         measured = ready + _first_token_s(server.url, name_a)
+
+        # the running server (A) exports B's forecast, A leaving first, over real OTLP
+        def forecast_points(_spans):
+            return [p for p in receiver.store.metric_points()
+                    if p["name"] == semconv.METRIC_SWITCH_FORECAST
+                    and p["attributes"].get(semconv.GEN_AI_REQUEST_MODEL) == name_b]
+        receiver.wait_for_spans(forecast_points, 60)
+        points = forecast_points(None)
+        stages = {p["attributes"][semconv.ATTR_STAGE] for p in points}
+        assert {"switch", "warmup", semconv.FORECAST_STAGE_TOTAL} <= stages, stages
+        assert not [p for p in receiver.store.metric_points()
+                    if p["name"] == semconv.METRIC_SWITCH_FORECAST
+                    and p["attributes"].get(semconv.GEN_AI_REQUEST_MODEL) == name_a]
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # the start's record, with its first request
             last = [r for r in history.load(path).records
