@@ -130,6 +130,13 @@ def test_the_forecast_of_the_next_start_comes_true(receiver, tmp_path, monkeypat
         assert f["largest_forecast"] == f["largest_actual"], (scenario, f, r["stages"])
         assert f["stages"].get("switch", 0) > 0  # the outgoing server's measured evictions
 
+    # the command, as an operator runs it (B, with A leaving first)
+    assert cli.main(["forecast", "--history", str(path), "--no-device", "--from", name_a,
+                     "--model", name_b, "--model", "never-started-model"]) == 0
+    printed = capsys.readouterr().out
+    say(printed)
+    assert "never-started-model: no history" in printed
+
     # A's checkpoint leaves the page cache: its load forecast grows before any start
     warm = forecast_for(name_a, path=str(path))
     resident = _evict(model_a)
