@@ -279,3 +279,21 @@ def test_the_switch_counts_the_swappers_handover_after_the_eviction(checkpoint):
     (b,) = conditions.forecasts(records, conditions.Host(), only=["B"], outgoing="A")
     assert b.stages["switch"].expected_s == pytest.approx(3.5 + 2.0)
     assert any("until the next start's exec" in line for line in b.basis)
+
+
+def test_the_report_shows_forecast_and_actual_side_by_side():
+    from otel_ttft.tools.analysis.contract import parse_analysis
+    from otel_ttft.tools.analysis.report import render_report
+    from tests.analysis_fixture import build_analysis
+
+    doc = build_analysis()
+    request = next(r for r in doc["requests"] if r["scenario"] == "cold-switch")
+    f = forecast_check.parse(json.dumps({
+        "status": "forecast", "total_s": 12.5, "low_s": 10.0, "high_s": 15.0, "basis_count": 2,
+        "stages": {"warmup": {"expected_s": 9.75}, "load": {"expected_s": 2.75}}}))
+    request["forecast"] = forecast_check.compare(f, request)
+    html = render_report(parse_analysis(json.dumps(doc).encode(), "analysis.json"))
+    table = html[html.index('id="forecasts"'):]
+    table = table[:table.index("</table>")]
+    assert "cold-switch" in table and "12.5" in table and "9.75" in table
+    assert "Forecast against actual" in html
