@@ -297,3 +297,37 @@ def test_the_report_shows_forecast_and_actual_side_by_side():
     table = table[:table.index("</table>")]
     assert "cold-switch" in table and "12.5" in table and "9.75" in table
     assert "Forecast against actual" in html
+
+
+def test_a_sleeping_server_of_the_model_is_read_and_said(checkpoint):
+    """vLLM's ``/is_sleeping`` (a dev endpoint; sleep mode needs a GPU, so a stand-in answers
+    here as vLLM's router does)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Answer(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            body = json.dumps({"is_sleeping": self.path == "/is_sleeping"}).encode()
+            self.send_response(200 if self.path == "/is_sleeping" else 404)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        assert conditions.is_sleeping(port) is True
+        server_of_a = conditions.RunningServer(4242, ("A",), port, sleeping=True)
+        (a,) = conditions.forecasts(_history(checkpoint), conditions.Host((server_of_a,)),
+                                    only=["A"])
+        assert a.conditions.sleeping is True
+        assert any("a wake-up" in line for line in a.basis)
+        assert any("pid 4242 (asleep" in line for line in a.conditions.notes)
+    finally:
+        server.shutdown()
+    assert conditions.is_sleeping(port) is None  # nobody answers: unknown, never an error
+    args = ["python", "-m", "vllm.entrypoints.openai.api_server", "--port=8123"]
+    assert conditions._port(args) == 8123

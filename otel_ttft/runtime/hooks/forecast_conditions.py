@@ -5,7 +5,7 @@
 - whether the compile cache holds the model's artifacts: a :data:`CompileCacheProbe` (by
   default, the compile-cache reader on the key the model's last start used);
 - which vLLM API servers run on this host, and which model each serves (``/proc`` command lines),
-  so the one that must leave is known;
+  so the one that must leave is known, and whether each sleeps (vLLM's ``/is_sleeping``);
 - which other processes hold the GPU's memory (``nvidia-smi``, where there is one).
 
 Each reader answers ``None`` (or nothing) where it cannot tell, with the reason in
@@ -18,9 +18,11 @@ beside vLLM.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
+import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -33,6 +35,8 @@ from otel_ttft.runtime.hooks.load import pagecache
 SHARD_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 MAX_SHARDS = 4096  # a checkpoint with more files than this is not read for residency
 MAX_PROCS = 65536  # /proc entries looked at, at most
+MAX_ASKED = 16  # servers asked whether they sleep, at most
+SLEEP_TIMEOUT_S = 0.5
 _SMI_TIMEOUT_S = 3.0
 
 #: whether the compile cache holds a model's artifacts for this vLLM and torch, given the model's
@@ -51,11 +55,14 @@ class PageCacheReading:
 
 @dataclass(frozen=True)
 class RunningServer:
-    """A vLLM API server on this host: its pid and the names it serves (its model, and the
-    served name when given)."""
+    """A vLLM API server on this host: its pid, the names it serves (its model, and the served
+    name when given), its port, and whether it sleeps (vLLM's ``/is_sleeping``, where its dev
+    endpoints are on; ``None``: not asked or no answer)."""
 
     pid: int
     names: tuple[str, ...]
+    port: int | None = None
+    sleeping: bool | None = None
 
 
 def checkpoint_dir(reference: str, hf_home: str | None = None) -> Path | None:
@@ -141,8 +148,30 @@ def running_servers(proc: str = "/proc") -> list[RunningServer]:
             continue
         names = served_names(argv)
         if names:
-            found.append(RunningServer(int(pid), names))
+            found.append(RunningServer(int(pid), names, _port(argv)))
     return found
+
+
+def _port(argv: Sequence[str]) -> int | None:
+    for i, arg in enumerate(argv):
+        flag, _, inline = arg.partition("=")
+        if flag == "--port":
+            value = inline or (argv[i + 1] if i + 1 < len(argv) else "")
+            return int(value) if value.isdigit() else None
+    return 8000  # vLLM's default
+
+
+def is_sleeping(port: int, timeout_s: float = SLEEP_TIMEOUT_S) -> bool | None:
+    """vLLM's ``GET /is_sleeping`` on this host's port (a dev endpoint: ``VLLM_SERVER_DEV_MODE``
+    on); ``None`` without an answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/is_sleeping",  # noqa: S310
+                                    timeout=timeout_s) as resp:
+            data = json.loads(resp.read(4096))
+    except (OSError, ValueError):
+        return None
+    value = data.get("is_sleeping") if isinstance(data, dict) else None
+    return value if isinstance(value, bool) else None
 
 
 def served_names(argv: Sequence[str]) -> tuple[str, ...]:
@@ -193,14 +222,19 @@ class Host:
     libc: Any = None  # for mincore, found once (``pagecache.open_libc``)
 
 
-def read_host(*, device: bool = True, libc: Any = None) -> Host:
-    """The running servers, the device memory's holders and libc (``libc``: one found
-    before)."""
+def read_host(*, device: bool = True, libc: Any = None, ask_sleep: bool = True) -> Host:
+    """The running servers (each asked whether it sleeps, ``ask_sleep``), the device memory's
+    holders and libc (``libc``: one found before)."""
     holders, note = device_memory_holders() if device else ((), None)
     if libc is None:
         with contextlib.suppress(OSError):
             libc = pagecache.open_libc()
-    return Host(tuple(running_servers()), holders, (note,) if note else (), libc)
+    servers = running_servers()
+    if ask_sleep:
+        servers = [replace(s, sleeping=is_sleeping(s.port))
+                   if s.port and s.pid != os.getpid() and i < MAX_ASKED else s
+                   for i, s in enumerate(servers)]
+    return Host(tuple(servers), holders, (note,) if note else (), libc)
 
 
 def _names(record: dict) -> set[str]:
@@ -227,6 +261,14 @@ def conditions(latest: dict, records: Iterable[dict], host: Host, *,
         else:
             notes.append(f"no weight files in {directory}: page cache not read")
     mine = _names(latest)
+    holding = [s for s in host.servers if mine & set(s.names)]
+    sleeping = (True if any(s.sleeping for s in holding)
+                else False if any(s.sleeping is False for s in holding) else None)
+    for s in holding:
+        notes.append(f"served now by pid {s.pid}" + (" (asleep: a wake-up would bring it back)"
+                                                     if s.sleeping else
+                                                     ": a request finds it resident; this "
+                                                     "forecasts its next start"))
     if outgoing is None:
         others = [s for s in host.servers if not mine & set(s.names)]
         if others:
@@ -238,7 +280,7 @@ def conditions(latest: dict, records: Iterable[dict], host: Host, *,
         ready = None
     return model.Conditions(
         checkpoint_bytes=size, resident_ratio=ratio, compile_cache_ready=ready,
-        sleeping=None, device_held_by=host.device_held_by, outgoing=outgoing,
+        sleeping=sleeping, device_held_by=host.device_held_by, outgoing=outgoing,
         outgoing_evictions_s=tuple(leaving), notes=tuple(notes))
 
 
