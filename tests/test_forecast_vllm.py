@@ -138,11 +138,11 @@ def test_the_forecast_of_the_next_start_comes_true(receiver, tmp_path, monkeypat
     assert "never-started-model: no history" in printed
 
     # A's checkpoint leaves the page cache: its load forecast grows before any start
-    warm = forecast_for(name_a, path=str(path))
+    warm = forecast_for(name_a, path=str(path), alone=True)
     resident = _evict(model_a)
     if resident >= 0.05:
         pytest.skip(f"the page cache kept {resident:.0%} of A's private copy")
-    cold = forecast_for(name_a, path=str(path))
+    cold = forecast_for(name_a, path=str(path), alone=True)
     assert cold["conditions"]["resident_ratio"] < 0.05 < warm["conditions"]["resident_ratio"]
     assert cold["stages"]["load"]["expected_s"] > warm["stages"]["load"]["expected_s"], (warm,
                                                                                            cold)

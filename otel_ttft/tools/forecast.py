@@ -38,6 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from", dest="outgoing", default=None, metavar="MODEL",
                    help="the model whose server must leave first (default: a running vLLM "
                         "server of another model on this host, if any)")
+    p.add_argument("--alone", action="store_true",
+                   help="forecast as if no server had to leave first (ignore running servers)")
     p.add_argument("--json", default=None, metavar="PATH",
                    help="write the forecasts as JSON to PATH ('-' for stdout: no table)")
     p.add_argument("--no-device", action="store_true",
@@ -45,18 +47,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def document(records: Sequence[dict], host: conditions.Host, *, only: Sequence[str] = (),
-             outgoing: str | None = None, source: str = "") -> dict[str, Any]:
-    found = conditions.forecasts(records, host, only=only, outgoing=outgoing)
+             outgoing: str | None = None, alone: bool = False,
+             source: str = "") -> dict[str, Any]:
+    found = conditions.forecasts(records, host, only=only, outgoing=outgoing, alone=alone)
     return {"schema": SCHEMA, "history": source,
             "running": [{"pid": s.pid, "names": list(s.names)} for s in host.servers],
             "forecasts": [f.as_dict() for f in found]}
 
 
 def forecast_for(model_name: str, *, outgoing: str | None = None, path: str | None = None,
-                 empty_compile_cache: bool = False) -> dict[str, Any]:
-    """One model's forecast as JSON-ready data (the replay records it before a switch; it
-    knows when it will start the model with an empty compile cache); a history that cannot be
-    read gives "no history" with the reason."""
+                 empty_compile_cache: bool = False, alone: bool = False) -> dict[str, Any]:
+    """One model's forecast as JSON-ready data (the replay records it before a switch: it knows
+    which model leaves, ``outgoing``, ``None`` for none, and when it will start the model with an
+    empty compile cache); a history that cannot be read gives "no history" with the reason."""
     where = path or history_storage.where()["path"]
     loaded = history.load(Path(where)) if where else history.Loaded()
     host = conditions.read_host(device=False)
@@ -66,7 +69,7 @@ def forecast_for(model_name: str, *, outgoing: str | None = None, path: str | No
         return doc
     probe = (lambda _record: False) if empty_compile_cache else conditions.compile_cache_dir_holds
     (found,) = conditions.forecasts(loaded.records, host, only=[model_name], outgoing=outgoing,
-                                    compile_probe=probe)
+                                    alone=alone or outgoing is None, compile_probe=probe)
     return found.as_dict()
 
 
@@ -83,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"otel-ttft forecast: {loaded.problem}", file=sys.stderr)
         return 2
     host = conditions.read_host(device=not args.no_device)
-    doc = document(loaded.records, host, only=args.model, outgoing=args.outgoing, source=where)
+    doc = document(loaded.records, host, only=args.model, outgoing=args.outgoing,
+                   alone=args.alone, source=where)
     if output is not None:
         try:
             output.write(json.dumps(doc, indent=1, allow_nan=False) + "\n")

@@ -243,10 +243,11 @@ def _names(record: dict) -> set[str]:
 
 
 def conditions(latest: dict, records: Iterable[dict], host: Host, *,
-               outgoing: str | None = None,
+               outgoing: str | None = None, alone: bool = False,
                compile_probe: CompileCacheProbe = compile_cache_dir_holds) -> model.Conditions:
     """The conditions for the model of ``latest`` (its newest start record). ``outgoing``: the
-    model that must leave first; by default, a running server of another model, if any."""
+    model that must leave first; by default, a running server of another model, if any
+    (``alone``: none)."""
     records = list(records)
     notes = list(host.notes)
     ref = (latest.get("config") or {}).get("model_config.model") or model.record_model(latest)
@@ -269,7 +270,7 @@ def conditions(latest: dict, records: Iterable[dict], host: Host, *,
                                                      if s.sleeping else
                                                      ": a request finds it resident; this "
                                                      "forecasts its next start"))
-    if outgoing is None:
+    if outgoing is None and not alone:
         others = [s for s in host.servers if not mine & set(s.names)]
         if others:
             outgoing = _known(others[0].names, records)
@@ -291,7 +292,7 @@ def _known(names: Sequence[str], records: Iterable[dict]) -> str:
 
 
 def forecasts(records: Sequence[dict], host: Host, *, only: Sequence[str] = (),
-              outgoing: str | None = None,
+              outgoing: str | None = None, alone: bool = False,
               compile_probe: CompileCacheProbe = compile_cache_dir_holds
               ) -> list[model.Forecast]:
     """One forecast per model in the history (its latest configuration), in the order each was
@@ -309,7 +310,7 @@ def forecasts(records: Sequence[dict], host: Host, *, only: Sequence[str] = (),
         if starts is None:
             out.append(model.no_history(name))
             continue
-        cond = conditions(starts[-1], records, host, outgoing=outgoing,
+        cond = conditions(starts[-1], records, host, outgoing=outgoing, alone=alone,
                           compile_probe=compile_probe)
         if cond.outgoing is not None and cond.outgoing in _names(starts[-1]):
             cond = replace(cond, outgoing=None, outgoing_evictions_s=())
