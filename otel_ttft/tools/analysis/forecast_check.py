@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from otel_ttft import semconv
+from otel_ttft.tools.analysis.report_format import fmt_s
 
 PIPELINE = semconv.TTFT_PIPELINE
 MAX_S = 1e6
@@ -86,3 +87,30 @@ def rows(doc: dict) -> list[dict]:
                                   for s in PIPELINE
                                   if f["stages"].get(s) or r["stages"].get(s, 0.0) >= 0.005}})
     return out
+
+
+def table(analysis: Any) -> list[dict[str, Any]]:
+    """The report's table (an ``Analysis``): each request that carries a forecast, forecast
+    beside measured."""
+    out = []
+    for r in analysis.requests:
+        f = r.forecast
+        if f is None:
+            continue
+        known = f.total_s is not None
+        out.append({
+            "scenario": r.scenario, "repeat": "" if r.repeat_index is None else r.repeat_index,
+            "model": _short(r.model or "?", 40),
+            "total": fmt_s(f.total_s) if known else f.status,
+            "range": f"{fmt_s(f.low_s)} \u2013 {fmt_s(f.high_s)}"
+            if known and f.low_s is not None and f.high_s is not None else "\u2013",
+            "actual": fmt_s(r.client_ttft_s),
+            "error": f"{f.error:+.0%}" if f.error is not None else "\u2013",
+            "stages": [f"{fmt_s(f.stages[st]) if st in f.stages else chr(8211)} / "
+                       f"{fmt_s(r.stages.get(st, 0.0))}" if known else "\u2013"
+                       for st in PIPELINE]})
+    return out
+
+
+def _short(text: str, n: int) -> str:
+    return text if len(text) <= n else text[:n - 1] + "\u2026"

@@ -17,6 +17,7 @@ import jinja2
 
 from otel_ttft import semconv
 from otel_ttft.tools import safe_io
+from otel_ttft.tools.analysis import forecast_check
 from otel_ttft.tools.analysis import report_format as fmt
 from otel_ttft.tools.analysis.change import change_lines
 from otel_ttft.tools.analysis.contract import PIPELINE, Analysis, Request, Segment, Verdict
@@ -361,30 +362,9 @@ def build_context(analysis: Analysis) -> dict[str, Any]:
         "waterfalls": waterfalls, "verdicts": verdicts, "summary": summary, "width": WIDTH,
         "label_w": LABEL_W,
         "verifications": build_verifications(analysis, WIDTH, LABEL_W),
-        "forecasts": build_forecasts(analysis),
+        "forecasts": forecast_check.table(analysis),
     }
 
-
-def build_forecasts(analysis: Analysis) -> list[dict[str, Any]]:
-    """The forecast table: each request that carries one, forecast beside measured."""
-    out = []
-    for r in analysis.requests:
-        f = r.forecast
-        if f is None:
-            continue
-        known = f.total_s is not None
-        out.append({
-            "scenario": r.scenario, "repeat": "" if r.repeat_index is None else r.repeat_index,
-            "model": short(r.model or "?", 40),
-            "total": fmt_s(f.total_s) if known else f.status,
-            "range": f"{fmt_s(f.low_s)} \u2013 {fmt_s(f.high_s)}"
-            if known and f.low_s is not None and f.high_s is not None else "\u2013",
-            "actual": fmt_s(r.client_ttft_s),
-            "error": f"{f.error:+.0%}" if f.error is not None else "\u2013",
-            "stages": [f"{fmt_s(f.stages[st]) if st in f.stages else chr(8211)} / "
-                       f"{fmt_s(r.stages.get(st, 0.0))}" if known else "\u2013"
-                       for st in PIPELINE]})
-    return out
 
 
 VBAR_H, VGAP, VTOP = 24, 10, 8
