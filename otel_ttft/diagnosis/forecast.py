@@ -353,6 +353,7 @@ def _adjust_load(starts: Sequence[dict], rows: list[dict[str, float]], condition
     now = size * (1.0 - ratio)
     past = [storage_bytes(r) for r in starts]
     if any(b is None for b in past):
+        basis.append("an earlier start recorded no bytes read: load as they measured it")
         return
     target = LOAD_READ if any(LOAD_READ in row for row in rows) else semconv.STAGE_LOAD
     same = all(abs(b - now) <= SAME_BYTES * max(size, 1) for b in past)
