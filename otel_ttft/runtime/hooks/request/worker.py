@@ -109,7 +109,9 @@ class WorkerSteps:
         self.notes: list[Note] = []
         self.steps: list[PrefillStep] = []
         self.last_step: Any = None  # the latest step's SchedulerOutput (None: start-up)
-        self.graph_noted: Any = None  # the SchedulerOutput whose CUDA-graph decision is noted
+        self.graph_shipped: Any = None  # the SchedulerOutput whose CUDA-graph decision shipped
+        self.graph_pending: GraphDispatch | None = None  # the current step's, until its output
+        self.graph_step: Any = None  # the SchedulerOutput ``graph_pending`` belongs to
         self.compiling: _Compiling | None = None
         self.prefilling: dict[str, int] = {}  # request id -> prompt tokens still to compute
         self.open: _OpenStep | None = None  # the step whose sample_tokens is still to come
@@ -128,6 +130,7 @@ class WorkerSteps:
             with contextlib.suppress(ValueError):
                 handler.remove_end_callback(self._compile_ended)
         self.run_queue.close()
+        self.graph_pending = self.graph_step = self.graph_shipped = None
         self.notes.clear()
         self.steps.clear()
         self.prefilling.clear()
@@ -144,6 +147,8 @@ class WorkerSteps:
         way from a worker to EngineCore. A reused output object (vLLM's empty one) is cleared."""
         if not hasattr(output, "req_id_to_index"):
             return output
+        if self.graph_pending is not None:
+            self._ship_graph(getattr(output, "cudagraph_stats", None))
         if self.notes or self.steps:
             setattr(output, WORKER_NOTES_ATTR, WorkerNotes(_named(_take(self.notes)),
                                                            _take(self.steps)))
@@ -185,18 +190,39 @@ class WorkerSteps:
 
     # --- CUDA-graph decisions (``graphs``) ----------------------------------------------------
 
-    def unnoted_prefill_step(self) -> Any:
-        """The current step, if it starts some request's prefill and its CUDA-graph decision is
-        not noted yet."""
+    def prefill_step(self) -> Any:
+        """The current step, if it starts some request's prefill and its CUDA-graph decision has
+        not shipped yet."""
         step = self.last_step
-        if step is None or step is self.graph_noted or not step.scheduled_new_reqs:
+        if step is None or step is self.graph_shipped or not step.scheduled_new_reqs:
             return None
         return step
 
     def note_graph(self, step: Any, choice: GraphChoice) -> None:
-        """The CUDA-graph decision of ``step``, for the requests it starts."""
-        self.graph_noted = step
-        self.keep(GraphDispatch(choice, [r.req_id for r in step.scheduled_new_reqs]))
+        """The CUDA-graph decision of ``step``, for the requests it starts; a later dispatch for
+        the same step (after data-parallel ranks agreed on a padded size) replaces it, the
+        step's own token count kept. It ships with the step's output (:meth:`attach`)."""
+        pending = self.graph_pending
+        if pending is not None and self.graph_step is not step:
+            self._ship_graph(None)
+        elif pending is not None:
+            choice = msgspec.structs.replace(choice, tokens=pending.choice.tokens)
+        self.graph_pending = GraphDispatch(choice, [r.req_id for r in step.scheduled_new_reqs])
+        self.graph_step = step
+
+    def _ship_graph(self, stats: Any) -> None:
+        """The pending decision joins the notes; vLLM's own record of the step
+        (``cudagraph_stats``: the mode and padding that ran) over the dispatcher's answer."""
+        pending, self.graph_pending = self.graph_pending, None
+        if pending is None:
+            return
+        choice = pending.choice
+        if stats is not None:
+            choice = msgspec.structs.replace(
+                choice, mode=str(stats.runtime_mode).rpartition(".")[2],
+                padded=int(stats.num_padded_tokens), source="cudagraph_stats")
+        self.graph_shipped = self.graph_step
+        self.keep(GraphDispatch(choice, pending.request_ids))
 
     # --- steps -------------------------------------------------------------------------------
 
