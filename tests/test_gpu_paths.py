@@ -164,7 +164,8 @@ def _in_step(hooks, step, *names):
     return part
 
 
-def test_a_prefill_step_outside_the_captured_graphs_is_noted_with_the_compiled_model(hooks, prefill_step):
+def test_a_prefill_step_outside_the_graphs_is_noted_with_the_compiled_model(hooks,
+                                                                            prefill_step):
     """V1's real ``CudagraphDispatcher``, its keys built for capture sizes up to 16 (the CPU
     platform captures none, so the sizes are set as a GPU's config would have them)."""
     from vllm.config import CUDAGraphMode
