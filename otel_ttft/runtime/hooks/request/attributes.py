@@ -222,10 +222,10 @@ def step_execution(graph: Any) -> str:
     """How the first prefill step ran: a full or a piecewise graph, or outside every graph the
     compiled model (not eager: Inductor's kernels, launched one by one) or the eager one."""
     if graph.mode == "FULL":
-        return "full_graph"
+        return semconv.EXECUTION_FULL_GRAPH
     if graph.mode == "PIECEWISE":
-        return "piecewise_graph"
-    return "compiled" if graph.compiled else "eager"
+        return semconv.EXECUTION_PIECEWISE_GRAPH
+    return semconv.EXECUTION_COMPILED if graph.compiled else semconv.EXECUTION_EAGER
 
 
 def graph_evidence(graph: Any) -> dict[str, Any]:

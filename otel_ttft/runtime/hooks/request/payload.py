@@ -106,6 +106,9 @@ class CompileTime(msgspec.Struct, array_like=True, frozen=True):
     """Tokens scheduled in the step it ran in."""
     step_requests: int
     """Requests in that step."""
+    compiler: str = "dynamo"
+    """``dynamo`` (torch.compile, Inductor's kernels inside it) or ``triton`` (a ``@triton.jit``
+    kernel compiled for a new specialization: Triton's own hooks timed it)."""
 
 
 class AdapterLoad(msgspec.Struct, array_like=True, frozen=True):
@@ -226,7 +229,8 @@ def decode(value: str) -> EnginePayload | None:
     for kind, ts in w.schedule:
         if (kind != SCHEDULED and kind != PREEMPTED) or not isfinite(ts):
             return None
-    if any(c.step_tokens < 0 or c.step_requests < 0 for c in w.compile):
+    if any(c.step_tokens < 0 or c.step_requests < 0 or len(c.compiler) > 16
+           for c in w.compile):
         return None
     intervals = [(c.start, c.end) for c in w.compile]
     for start, end in intervals if w.adapter is None else [w.adapter, *intervals]:

@@ -19,6 +19,10 @@ whether it is a recompile (Dynamo's attempt number), whether it was vLLM's own m
 the latest step's shape, and, when shipped, what was compiled (``file:function``, from Dynamo's
 own record of its compiles, ``torch._dynamo.utils.get_compilation_metrics``).
 
+Triton: a ``@triton.jit`` kernel compiled inside a step (Model Runner V2's logprobs, its
+sampling kernels) is no Dynamo compile; Triton's own hooks time it (``kernels``), registered
+with Dynamo's, and it is noted the same way, ``compiler="triton"``.
+
 Contention: a step that runs some request's prefill on a CPU worker is timed twice, on the wall
 clock and on the worker thread's CPU clock (``time.thread_time()``), over ``Worker.execute_model``
 and the step's ``Worker.sample_tokens`` (both run on the worker's main thread). Their difference
@@ -40,6 +44,7 @@ from typing import Any
 
 import msgspec
 
+from otel_ttft.runtime.hooks.request.kernels import TritonCompiles
 from otel_ttft.runtime.hooks.request.payload import (
     WORKER_NOTES_ATTR,
     AdapterLoad,
@@ -119,11 +124,13 @@ class WorkerSteps:
         self.run_queue = RunQueueClock(with_io_threads=True)  # the worker's (and wake-up's) wait
         self.queued_last: float | None = None  # its run-queue reading at the latest step
         self.callbacks: Any = None  # Dynamo's handler while registered (False: tried, or closed)
+        self.triton = TritonCompiles(self._kernel_compiled)  # Triton's JIT hooks, at first step
         self.closed = False
 
     def close(self) -> None:
         self.closed = True
         handler, self.callbacks = self.callbacks, False  # never registered again
+        self.triton.remove()
         if handler:
             with contextlib.suppress(ValueError):  # (gone already: ``torch._dynamo.reset()``)
                 handler.remove_start_callback(self._compile_started)
@@ -159,8 +166,10 @@ class WorkerSteps:
     # --- compiles ----------------------------------------------------------------------------
 
     def _watch_compiles(self) -> None:
-        """Dynamo's callbacks, registered once, at the worker's first step."""
+        """Dynamo's callbacks and Triton's JIT hooks, registered once, at the worker's first
+        step."""
         self.callbacks = False  # tried: never twice
+        self.triton.install()
         try:
             from torch._dynamo.callback import callback_handler
         except ImportError:
@@ -187,6 +196,16 @@ class WorkerSteps:
             attempt.isdigit() and int(attempt) > 0, started.model_graph,
             int(getattr(step, "total_num_scheduled_tokens", 0) or 0),
             len(getattr(step, "num_scheduled_tokens", None) or ())))
+
+    def _kernel_compiled(self, start: float, end: float, frame: str, attempt: int) -> None:
+        """A Triton kernel compiled (``kernels``); inside a Dynamo compile it is part of that."""
+        if self.closed or self.compiling is not None:
+            return
+        step = self.last_step
+        self.keep(CompileTime(
+            start, end, frame, f"triton/{attempt}", attempt > 0, False,
+            int(getattr(step, "total_num_scheduled_tokens", 0) or 0),
+            len(getattr(step, "num_scheduled_tokens", None) or ()), compiler="triton"))
 
     # --- CUDA-graph decisions (``graphs``) ----------------------------------------------------
 
