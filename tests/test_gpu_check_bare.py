@@ -387,3 +387,15 @@ def test_gpu_wheels_refuses_bad_input_before_downloading(argv, env, message):
 def test_parse_args_keeps_sizes_largest_first():
     args = check.parse_args(["--sizes", "64,512,128"])
     assert args.sizes == [512, 128, 64]
+
+
+def test_the_docs_table_has_every_figure_doctor_prints():
+    from otel_ttft.tools import gpu_figures
+
+    lines = (ROOT / "docs" / "gpu-checks.md").read_text().splitlines()
+    for figure in gpu_figures.FIGURES:
+        row = next((line for line in lines if line.startswith(f"| `{figure.attributes[0]}`")),
+                   None)
+        assert row is not None, figure.attributes
+        assert all(f"`{name}`" in row for name in figure.attributes), row
+    assert gpu_figures.rows(True) != gpu_figures.rows(False)
