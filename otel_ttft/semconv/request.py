@@ -85,7 +85,9 @@ ATTR_STEP_CUDAGRAPH_PADDED_TOKENS = "ttft.step.cudagraph.padded_tokens"
 #: on the request: how that step ran: ``full_graph``, ``piecewise_graph``, ``compiled`` (no graph,
 #: the torch.compiled model) or ``eager`` (no graph, no compile)
 ATTR_STEP_EXECUTION = "ttft.step.execution"
+#: ttft.step.execution values: the step replayed a full graph, or the piecewise ones
 EXECUTION_FULL_GRAPH, EXECUTION_PIECEWISE_GRAPH = "full_graph", "piecewise_graph"
+#: ttft.step.execution values: outside every graph, the compiled model, or the eager one
 EXECUTION_COMPILED, EXECUTION_EAGER = "compiled", "eager"
 #: on the request: where the decision was read: ``cudagraph_stats`` (vLLM's per-step record,
 #: ``--cudagraph-metrics``, after data-parallel ranks agreed) or ``dispatch`` (the dispatcher's
