@@ -18,7 +18,7 @@ from typing import Annotated
 
 import msgspec
 
-VERSION = 3
+VERSION = 4
 SCHEDULED, PREEMPTED = "S", "P"  # schedule event kinds (same letters as ``timeline``)
 
 
