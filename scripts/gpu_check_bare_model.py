@@ -116,6 +116,7 @@ class PiecewiseModel:
         self.inputs = [torch.zeros(max_tokens, hidden, device="cuda", dtype=torch.bfloat16)
                        for _ in range(layers)]
         self.pool = torch.cuda.graph_pool_handle()
+        self.stream = torch.cuda.Stream()  # vLLM's graph_capture(): warm-ups and captures on one
         self.pieces: dict[int, list[tuple[Any, Any]]] = {}  # tokens -> (graph, output) per piece
         self.full: dict[int, tuple[Any, Any]] = {}  # tokens -> (graph, output)
         self.captured = Captured()
@@ -138,17 +139,28 @@ class PiecewiseModel:
     def _graph(self, fn: Any) -> tuple[Any, Any]:
         torch = self.torch
         graph = torch.cuda.CUDAGraph()
-        with quiet_capture(torch), torch.cuda.graph(graph, pool=self.pool):
+        with quiet_capture(torch), torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
             output = fn()
         self.counter.num_cudagraph_captured += 1
         return graph, output
 
     def capture(self, mode: str, n: int) -> None:
-        """One batch size in ``mode``: a warm-up run, then the capture(s)."""
+        """One batch size in ``mode``: a warm-up run, then the capture(s), on the capture stream;
+        the driver's reading around both (as vLLM's own and ours are)."""
+        torch = self.torch
+        torch.cuda.synchronize()
+        used = _used(torch)
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            self._capture(mode, n)
+        torch.cuda.current_stream().wait_stream(self.stream)
+        torch.cuda.synchronize()
+        self.captured.memory[mode] += max(_used(torch) - used, 0)
+
+    def _capture(self, mode: str, n: int) -> None:
         torch = self.torch
         self.eager(n)
         torch.cuda.synchronize()
-        used = _used(torch)
         if mode == "FULL":
             self.full[n] = self._graph(lambda: self.eager(n))
             graphs = 1
@@ -156,10 +168,8 @@ class PiecewiseModel:
             graphs, self.pieces[n] = len(self.weights), []
             for i in range(len(self.weights)):
                 self.pieces[n].append(self._graph(lambda i=i: self._piece(i, self.inputs[i][:n])))
-        torch.cuda.synchronize()
         self.captured.sizes[mode].append(n)
         self.captured.graphs[mode] += graphs
-        self.captured.memory[mode] += max(_used(torch) - used, 0)
 
     def replay(self, mode: str, n: int) -> Any:
         """A step of ``n`` tokens (the input already in ``inputs[0]``): no host sync."""

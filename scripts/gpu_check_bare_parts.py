@@ -291,19 +291,19 @@ def graphs(run: Run) -> list[Any]:
         net = model.PiecewiseModel(torch, args.hidden, args.layers, max(max(args.sizes), 1024),
                                    run.counter)
         net.eager(max(args.sizes))  # the profile run: the eager pool holds the largest activations
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
+        torch.cuda.synchronize()  # (kept: V2's warm-ups outside the shapes' readings reuse it)
         run.exporter.clear()
-        reserved = torch.cuda.memory_reserved()
         if runner_name == "V1":
             plan = [(model.PIECEWISE, [model.BatchDescriptor(n) for n in piecewise]),
                     (model.FULL, [model.BatchDescriptor(n, n, True) for n in full])]
+            reserved = torch.cuda.memory_reserved()
             start = time.monotonic()
             driver = v1.GPUModelRunner(net).capture_model(plan)
         else:
             manager = v2.CudaGraphManager(args.sizes, model.FULL_AND_PIECEWISE, args.max_num_seqs)
             runner = v2.GPUModelRunner(net, manager)
             runner.capture_model(profile_only=True)  # vLLM's estimate first: not the stage
+            reserved = torch.cuda.memory_reserved()
             start = time.monotonic()
             driver = runner.capture_model()
             run.v2_runner = runner

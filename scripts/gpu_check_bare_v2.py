@@ -93,7 +93,7 @@ class GPUModelRunner:
     def capture_model(self, *, profile_only: bool = False) -> int:
         import torch
 
-        torch.cuda.empty_cache()
+        torch.cuda.synchronize()  # (vLLM empties the cache first: kept here, see graphs())
         free = torch.cuda.mem_get_info()[0]
         if profile_only:  # vLLM's estimate: a sample captured and dropped (not the stage)
             sample = model.PiecewiseModel(torch, self.net.weights[0][0].shape[1], 1,
