@@ -118,11 +118,26 @@ def _runner_start(runner):
     return [
         _span("Capture model", 0, 10, **{semconv.ATTR_STAGE: semconv.STAGE_WARMUP_GRAPH_CAPTURE,
                                          semconv.ATTR_GRAPH_COUNT: 35,
+                                         semconv.ATTR_GRAPH_FULL_COUNT: 5,
+                                         semconv.ATTR_GRAPH_PIECEWISE_COUNT: 6,
+                                         semconv.ATTR_GRAPH_PIECEWISE_PIECES: 30,
                                          semconv.ATTR_GRAPH_MEMORY_BYTES: 1 << 20, **named}),
         _span(semconv.SPAN_KV_ALLOC, 10, 20, **{semconv.ATTR_STAGE: semconv.STAGE_WARMUP_KV_ALLOC,
                                                 semconv.ATTR_KV_BLOCKS: 1000,
                                                 semconv.ATTR_KV_BYTES: 1 << 30, **named}),
     ]
+
+
+def test_each_runner_needs_both_graph_modes_counted_apart():
+    runner = gpu_check.RUNNERS["1"]
+    spans = _runner_start(runner)
+    old = dict(spans[0]["attributes"])  # before issue 55: one count, no modes
+    for key in (semconv.ATTR_GRAPH_FULL_COUNT, semconv.ATTR_GRAPH_PIECEWISE_COUNT,
+                semconv.ATTR_GRAPH_PIECEWISE_PIECES):
+        old.pop(key)
+    spans[0] = {**spans[0], "attributes": old}
+    (problem,) = gpu_check.check_runner(spans, runner)
+    assert "counts full 0, piecewise 0 sizes in 0 pieces" in problem
 
 
 @pytest.mark.parametrize("flag", sorted(gpu_check.RUNNERS))
