@@ -24,6 +24,7 @@ import wrapt
 from otel_ttft import semconv
 from otel_ttft.runtime.hooks import all_hooks
 from scripts import gpu_check_bare as check
+from scripts import gpu_check_bare_disk as disk
 from scripts import gpu_check_bare_figures as figures
 from scripts import gpu_check_bare_model as model
 from scripts import gpu_check_bare_parts as parts
@@ -213,8 +214,8 @@ def test_mincore_reading_follows_the_page_cache(tmp_path):
     path = tmp_path / "f.bin"
     path.write_bytes(b"x" * (4 * MiB))
     path.read_bytes()
-    assert parts.resident(str(path)) == 1.0
-    dropped = parts.drop(str(path))
+    assert disk.resident(str(path)) == 1.0
+    dropped = disk.drop(str(path))
     if dropped > figures.DROPPED_AT_MOST:
         pytest.skip(f"this file system keeps the pages ({dropped:.0%}): tmpfs?")
     assert dropped <= figures.DROPPED_AT_MOST
@@ -322,7 +323,7 @@ def test_the_wheels_cover_what_the_check_imports_beside_pytorch(tmp_path):
     without_numpy = ("import sys; sys.modules['numpy'] = None\n"
                      "import torch\nfrom scripts import gpu_check_bare_parts as p\n"
                      "path, n = p.write_checkpoint(torch, sys.argv[1], 64)\n"
-                     "assert len(p._shapes(path)) == 1\nimport os; os.unlink(path)")
+                     "assert len(p.shapes_of(path)) == 1\nimport os; os.unlink(path)")
     done = subprocess.run([sys.executable, "-c", without_numpy, str(tmp_path)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
