@@ -38,6 +38,7 @@ pytestmark = pytest.mark.vllm
 
 EAGER = DEFAULT_TEMPLATE + " " + " ".join(EAGER_ARGS)
 WITHIN = 0.25
+SERVICE = "vllm-forecast-a"  # the last start's server, apart from the replay's
 REPEATS = 3
 
 
@@ -158,24 +159,24 @@ def test_the_forecast_of_the_next_start_comes_true(receiver, tmp_path, monkeypat
                   instrument=str(Path(sys.executable).parent / "opentelemetry-instrument"))
     began = time.monotonic()
     server = VllmServer(model_a, port=port, argv=argv, poll_s=0.1,
-                        env=telemetry_env(receiver.http_endpoint),
+                        env={**telemetry_env(receiver.http_endpoint),
+                             "OTEL_SERVICE_NAME": SERVICE},
                         log_path=tmp_path / "logs" / "vllm-a-cold.log")
     with server:
         ready = time.monotonic() - began
         measured = ready + _first_token_s(server.url, name_a)
 
-        # the running server (A) exports B's forecast, A leaving first, over real OTLP
-        def forecast_points(_spans):
+        # the running server (A) exports B's forecast, A leaving first, over real OTLP (and
+        # none of its own model)
+        def forecast_points(model: str) -> list[dict]:
             return [p for p in receiver.store.metric_points()
                     if p["name"] == semconv.METRIC_SWITCH_FORECAST
-                    and p["attributes"].get(semconv.GEN_AI_REQUEST_MODEL) == name_b]
-        receiver.wait_for_spans(forecast_points, 60)
-        points = forecast_points(None)
-        stages = {p["attributes"][semconv.ATTR_STAGE] for p in points}
+                    and p["resource"].get("service.name") == SERVICE
+                    and p["attributes"].get(semconv.GEN_AI_REQUEST_MODEL) == model]
+        receiver.wait_for_spans(lambda _spans: forecast_points(name_b), 60)
+        stages = {p["attributes"][semconv.ATTR_STAGE] for p in forecast_points(name_b)}
         assert {"switch", "warmup", semconv.FORECAST_STAGE_TOTAL} <= stages, stages
-        assert not [p for p in receiver.store.metric_points()
-                    if p["name"] == semconv.METRIC_SWITCH_FORECAST
-                    and p["attributes"].get(semconv.GEN_AI_REQUEST_MODEL) == name_a]
+        assert forecast_points(name_a) == []
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # the start's record, with its first request
             last = [r for r in history.load(path).records

@@ -91,28 +91,34 @@ def print_analysis(doc: dict, out: TextIO, *, width: int | None = None,
 
 
 def _print_forecasts(console: Console, doc: dict) -> None:
-    """Each switching request's forecast (read before its switch) against what it measured."""
+    """Each switching request's forecast (read before its switch) against what it measured: one
+    row each, then its stages, forecast / actual."""
     rows = forecast_check.rows(doc)
     if not rows:
         return
     table = Table(title="Forecast against actual (read just before each switch)",
                   title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for name in ("scenario", "#", "model", "forecast", "actual", "error", "largest f/a"):
+    for name in ("scenario", "#", "model", "forecast", "range", "actual", "error",
+                 "largest stage (forecast / actual)"):
         table.add_column(name, no_wrap=True, justify="right" if name in (
-            "#", "forecast", "actual", "error") else "left")
-    table.add_column("stages: forecast / actual", no_wrap=True)
+            "#", "forecast", "range", "actual", "error") else "left")
+    lines = []
     for r in rows:
         if r.get("total_s") is None:
             table.add_row(r["scenario"], str(r.get("repeat_index")), _model(r["model"]),
-                          r["status"], _seconds(r["actual_s"]), "", "", "")
+                          r["status"], "", _seconds(r["actual_s"]), "", "")
             continue
         error = f"{r['error']:+.0%}" if r.get("error") is not None else "-"
-        stages = "  ".join(f"{s} {_seconds(f)}/{_seconds(a)}"
-                           for s, (f, a) in r["stages_vs"].items())
         table.add_row(r["scenario"], str(r.get("repeat_index")), _model(r["model"]),
-                      _seconds(r["total_s"]), _seconds(r["actual_s"]), error,
-                      f"{r.get('largest_forecast')}/{r.get('largest_actual')}", stages)
+                      _seconds(r["total_s"]), f"{_seconds(r.get('low_s'))}-"
+                      f"{_seconds(r.get('high_s'))}", _seconds(r["actual_s"]), error,
+                      f"{r.get('largest_forecast')} / {r.get('largest_actual')}")
+        lines.append(f"  {r['scenario']} #{r.get('repeat_index')}, forecast / actual: "
+                     + ", ".join(f"{s} {_seconds(f)} / {_seconds(a)}"
+                                 for s, (f, a) in r["stages_vs"].items()))
     console.print(table)
+    for line in lines:
+        console.print(line, markup=False)
 
 
 def _print_change(console: Console, change: dict | None) -> None:
