@@ -169,7 +169,8 @@ def _wrap_load_v2(warmup, call, instance, args, kwargs):
     """V2's ``load_model`` has no span of vLLM's: ours, under V1's name for this device."""
     name = _loading_span_name(instance)
     with spans.stage_span(name, semconv.STAGE_LOAD, enrich=name,
-                          attributes=runner_attributes(instance), tracer=warmup.tracer):
+                          attributes=runner_attributes(instance), tracer=warmup.tracer,
+                          identity=warmup.identity):
         return call(*args, **kwargs)
 
 
@@ -208,7 +209,8 @@ def _wrap_capture_model(warmup, call, instance, args, kwargs):
     graphs_before = counter.num_cudagraph_captured
     with spans.stage_span(semconv.SPAN_GRAPH_CAPTURE, semconv.STAGE_WARMUP_GRAPH_CAPTURE,
                           enrich=semconv.SPAN_GRAPH_CAPTURE,
-                          attributes=runner_attributes(instance), tracer=warmup.tracer) as span:
+                          attributes=runner_attributes(instance), tracer=warmup.tracer,
+                          identity=warmup.identity) as span:
         graph_bytes = call(*args, **kwargs)
         sizes = _captured_sizes(instance)
         span.set_attributes({

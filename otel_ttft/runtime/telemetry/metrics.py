@@ -19,7 +19,6 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from otel_ttft import semconv
 from otel_ttft.runtime import config
-from otel_ttft.runtime.context import process as this_process
 from otel_ttft.version import __version__
 
 
@@ -74,11 +73,14 @@ class StageMetrics:
     """The ``stage_metrics`` part: the activation stage instruments, and what the
     latest-activation gauges read: ``last`` ((stage, model) -> [trace id of the activation,
     longest span of that stage in it, seconds]) and ``compiles`` (model -> [trace id, compile
-    spans, cache hits]). Fed by the stage tagger as staged spans end, and by the shard reads."""
+    spans, cache hits]). Fed by the stage tagger as staged spans end, and by the shard reads.
+    ``identity``: the process's, whose served model labels a stage that ended before it was
+    known, and whose kind the stage tagger puts on vLLM's spans."""
 
     def __init__(self, process_state: Any) -> None:
         global _open_state
         self.config: config.Config = process_state.config
+        self.identity = process_state.identity
         ours = process_state.meter
         self.activation = ours.create_histogram(
             semconv.METRIC_ACTIVATION_STAGE_DURATION, unit="s",
@@ -136,15 +138,17 @@ class StageMetrics:
             self.read_throughput.record(gb_per_s, attrs)
 
     def observe_last(self, options: CallbackOptions) -> list[Observation]:
+        # a stage that ended before the model was known (its process start) belongs to the
+        # model served, read now: the series of one activation all carry the model label
         merged: dict[tuple[str, str | None], float] = {}
         for (stage, model), (_trace, seconds) in list(self.last.items()):
-            key = (stage, _model(model))
+            key = (stage, model or self.identity.served_model)
             merged[key] = max(seconds, merged.get(key, 0.0))
         return [Observation(seconds, _attrs(stage, model))
                 for (stage, model), seconds in merged.items()]
 
     def observe_compile(self, options: CallbackOptions) -> list[Observation]:
-        return [Observation(hits / total, _attrs(None, _model(model)))
+        return [Observation(hits / total, _attrs(None, model or self.identity.served_model))
                 for model, (_trace, total, hits) in list(self.compiles.items()) if total]
 
 
@@ -153,14 +157,7 @@ PART = "stage_metrics"
 _open_state: StageMetrics | None = None
 """The open part, for the one caller no part can be handed to: the stage tagger, a span
 processor of our configurator's provider, which outlives any one instrumentation (and records
-into nothing while none is open)."""
-
-
-def _model(model: str | None) -> str | None:
-    """A stage that ended before this process knew its model (its process start, say) belongs to
-    the model it serves: read at export time, when it is known, so the series of one activation
-    all carry the model label."""
-    return model or this_process.served_model
+into nothing, and tags no process kind, while none is open)."""
 
 
 def _attrs(stage: str | None, model: str | None) -> dict[str, str]:
@@ -172,9 +169,6 @@ def _attrs(stage: str | None, model: str | None) -> dict[str, str]:
     return out
 
 
-def record_activation_stage(stage: str, seconds: float, model: str | None,
-                            trace_id: int | None = None, cache_hit: bool | None = None) -> None:
-    """``StageMetrics.record_activation_stage`` of the open part, if any (the stage tagger)."""
-    part = _open_state
-    if part is not None:
-        part.record_activation_stage(stage, seconds, model, trace_id, cache_hit)
+def open_part() -> StageMetrics | None:
+    """The open part, if any (for the stage tagger)."""
+    return _open_state

@@ -12,7 +12,6 @@ from opentelemetry.trace import Span
 
 from otel_ttft import semconv
 from otel_ttft.runtime import clock
-from otel_ttft.runtime.context import process as this_process
 from otel_ttft.runtime.telemetry import metrics
 
 _ACTIVATION_FAMILIES = (semconv.STAGE_LOAD, semconv.STAGE_WARMUP, semconv.STAGE_SWITCH)
@@ -45,8 +44,9 @@ class StageTagger(SpanProcessor):
         if stage is not None and span.is_recording():
             self._shift(span, 0, getattr(span, "start_time", None))
             span.set_attribute(semconv.ATTR_STAGE, stage)
-            if this_process.kind:
-                span.set_attribute(semconv.ATTR_PROCESS_KIND, this_process.kind)
+            part = metrics.open_part()  # the instrumentation's, with the process identity
+            if part is not None and part.identity.kind:
+                span.set_attribute(semconv.ATTR_PROCESS_KIND, part.identity.kind)
 
     def restamp(self, span: ReadableSpan) -> ReadableSpan:
         """``span`` on our clock, if it is a vLLM span whose times the wall clock moved."""
@@ -67,10 +67,11 @@ class StageTagger(SpanProcessor):
         stage = attrs.get(semconv.ATTR_STAGE)
         if stage is None or span.end_time is None or span.start_time is None:
             return
-        if semconv.stage_family(str(stage)) in _ACTIVATION_FAMILIES:
-            metrics.record_activation_stage(str(stage), (span.end_time - span.start_time) / 1e9,
-                                            this_process.served_model, span.context.trace_id,
-                                            attrs.get(semconv.ATTR_COMPILE_CACHE_HIT))
+        part = metrics.open_part()
+        if part is not None and semconv.stage_family(str(stage)) in _ACTIVATION_FAMILIES:
+            part.record_activation_stage(str(stage), (span.end_time - span.start_time) / 1e9,
+                                         part.identity.served_model, span.context.trace_id,
+                                         attrs.get(semconv.ATTR_COMPILE_CACHE_HIT))
 
 
 def _made_by_vllm(span: Any) -> bool:

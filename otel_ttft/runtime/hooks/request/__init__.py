@@ -113,7 +113,7 @@ _FINISH = next(h for h in HOOKS if h.name == "request.finish")
 def _api_part(ps: ProcessState) -> api.ApiRequests:
     # a failure of ours outside any wrapper (the deferred emission) is the finish hook's
     return api.ApiRequests(ps.config, ps.tracer, ps.meter,
-                           functools.partial(report_failure, _FINISH),
+                           functools.partial(report_failure, _FINISH), identity=ps.identity,
                            activations=ps.part(activation.PART),
                            fills=ps.part(first_use.PART),
                            verdict=ps.part(activation_verdict.PART))

@@ -11,7 +11,6 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 
-from otel_ttft.runtime.context import process as this_process
 from otel_ttft.runtime.hooks.registry import Stream
 from otel_ttft.runtime.hooks.request.cold import ColdCounter
 from otel_ttft.runtime.hooks.request.detail import DetailPolicy
@@ -36,8 +35,10 @@ class ApiRequests:
     requests. The hooks here and in ``ends`` call their methods."""
 
     def __init__(self, config: Any, tracer: trace.Tracer, meter: metrics.Meter,
-                 on_failure: Any, *, activations: Any, fills: Any, verdict: Any) -> None:
+                 on_failure: Any, *, identity: Any, activations: Any, fills: Any,
+                 verdict: Any) -> None:
         self.config = config
+        self.identity = identity  # the process's: its served model names a request's
         self.capture = bool(config.capture_content)
         self.book = Requests()
         self.cold = ColdCounter(config.cold_requests, activations)
@@ -141,7 +142,7 @@ def wrap_add_request(part: ApiRequests, call: Any, instance: Any, args: tuple,
         prompt = args[1] if len(args) > 1 else kwargs.get("prompt")
         rec.prompt = prompt if isinstance(prompt, str) else None
         rec.texts = TEXTS.get()
-    rec.model = rec.lora.lora_name if rec.lora is not None else this_process.served_model
+    rec.model = rec.lora.lora_name if rec.lora is not None else part.identity.served_model
     book.add(rec)
     return result
 
