@@ -37,7 +37,7 @@ KV_V1, KV_V2 = "warmup.kv_alloc", "warmup.kv_alloc_v2"
 GRAPHS_V1, GRAPHS_V2, GRAPHS_MM = ("warmup.graph_capture", "warmup.graph_capture_v2",
                                    "warmup.graph_capture_mm_encoder")
 LOAD_V1, LOAD_V2 = "load.runner", "load.runner_v2"
-#: V1 runners ask ``CudagraphDispatcher``, V2 runners ``CudaGraphManager`` (``request.graphs``)
+#: V1 runners ask ``CudagraphDispatcher``, V2 runners ``CudaGraphManager`` (``request.worker``)
 DISPATCH_V1, DISPATCH_V2 = "request.graph_dispatch", "request.graph_dispatch_v2"
 
 

@@ -38,8 +38,7 @@ import functools
 from otel_ttft import semconv
 from otel_ttft.runtime.hooks import activation, activation_verdict, first_use
 from otel_ttft.runtime.hooks.registry import Hook, report_failure
-from otel_ttft.runtime.hooks.request import api, ends, engine, graphs, worker
-from otel_ttft.runtime.hooks.request.flush import wrap_stream_response
+from otel_ttft.runtime.hooks.request import api, engine, worker
 from otel_ttft.runtime.state import PartSpec, ProcessState
 
 API_SERVER, ENGINE_CORE, WORKER = semconv.PROCESS_KINDS
@@ -56,7 +55,7 @@ _ASYNC_OUTPUTS = (
 )
 HOOKS: list[Hook] = [
     Hook("request.flush", "starlette.responses:StreamingResponse.stream_response",
-         wrap_stream_response, stage=semconv.STAGE_FRONTEND, process=API_SERVER,
+         api.wrap_stream_response, stage=semconv.STAGE_FRONTEND, process=API_SERVER,
          optional=True),
     Hook("request.caller", "vllm.v1.engine.async_llm:AsyncLLM.add_request",
          api.wrap_engine_add_request, process=API_SERVER),
@@ -68,11 +67,11 @@ HOOKS: list[Hook] = [
          process=API_SERVER, state=API),
     Hook("request.finish", f"{_OP}._update_stats_from_finished", api.wrap_finished,
          process=API_SERVER, state=API),
-    Hook("request.abort", f"{_OP}.abort_requests", ends.wrap_abort_requests, process=API_SERVER,
+    Hook("request.abort", f"{_OP}.abort_requests", api.wrap_abort_requests, process=API_SERVER,
          state=API),
-    Hook("request.error", f"{_OP}.propagate_error", ends.wrap_propagate_error,
+    Hook("request.error", f"{_OP}.propagate_error", api.wrap_propagate_error,
          process=API_SERVER, state=API),
-    Hook("request.vllm_span", f"{_OP}.do_tracing", ends.wrap_do_tracing, process=API_SERVER,
+    Hook("request.vllm_span", f"{_OP}.do_tracing", api.wrap_do_tracing, process=API_SERVER,
          state=API),
     Hook("request.engine_arrival", f"{_SCHED}.add_request",
          engine.wrap_scheduler_add_request, stage=semconv.STAGE_QUEUE,
@@ -99,11 +98,11 @@ HOOKS: list[Hook] = [
            process=WORKER, optional=True, state=WORKER_PART)
       for kind, target in _ASYNC_OUTPUTS),
     Hook("request.graph_dispatch", "vllm.v1.cudagraph_dispatcher:CudagraphDispatcher.dispatch",
-         graphs.wrap_dispatch_v1, stage=semconv.STAGE_PREFILL, process=WORKER,
+         worker.wrap_dispatch_v1, stage=semconv.STAGE_PREFILL, process=WORKER,
          state=WORKER_PART),
     Hook("request.graph_dispatch_v2",
          "vllm.v1.worker.gpu.cudagraph_utils:CudaGraphManager.dispatch",
-         graphs.wrap_dispatch_v2, stage=semconv.STAGE_PREFILL, process=WORKER,
+         worker.wrap_dispatch_v2, stage=semconv.STAGE_PREFILL, process=WORKER,
          state=WORKER_PART),
 ]
 

@@ -1,31 +1,20 @@
-"""Worker side of the request path: warm-up paid inside a step (a LoRA adapter loaded lazily, a
-torch.compile of something start-up did not compile), CPU steps that ran a prefill, and (with
-``graphs``) the CUDA-graph decision for a step that starts one. All of it is kept on this
-worker's part (:class:`WorkerSteps`) and handed to EngineCore one way: as one attribute
-(``payload.WORKER_NOTES_ATTR``) of the step's ``ModelRunnerOutput``, set where the worker hands
-the output back (``Worker.execute_model`` / ``sample_tokens``, or an async output's
-``get_output``); EngineCore reads it in ``Scheduler.update_from_output``, whatever the executor
-(pickled by the multiproc one, in-process with one worker). ``engine`` charges it to the
-requests that were waiting for their first token when it started.
+"""Worker side of the request path, kept on the worker's part (:class:`WorkerSteps`) and handed to
+EngineCore one way, as one attribute (``payload.WORKER_NOTES_ATTR``) of the step's
+``ModelRunnerOutput``, set where the worker hands the output back (``Worker.execute_model`` /
+``sample_tokens``, or an async output's ``get_output``); ``engine`` charges it to the requests
+that were waiting for their first token when it started:
 
-Compiles: torch's Dynamo runs its compile callbacks around every outermost compile; this part
-registers a start and an end callback (``torch._dynamo.callback.callback_handler``) at the
-worker's first step and removes them when closed (``torch._dynamo.reset()`` would drop them:
-vLLM never calls it), so start-up's compiles (before the first step)
-keep their own spans (``hooks.warmup``). Each later compile is noted with its compile id,
-whether it is a recompile (Dynamo's attempt number), whether it was vLLM's own model graph
-(inside vLLM's ``monitor_torch_compile`` bracket, which ``hooks.warmup`` hands to
-:func:`model_compile`: the request then shows ``warmup.compile``, else ``warmup.step_compile``),
-the latest step's shape, and, when shipped, what was compiled (``file:function``, from Dynamo's
-own record of its compiles, ``torch._dynamo.utils.get_compilation_metrics``).
-
-Contention: a step that runs some request's prefill on a CPU worker is timed twice, on the wall
-clock and on the worker thread's CPU clock (``time.thread_time()``), over ``Worker.execute_model``
-and the step's ``Worker.sample_tokens`` (both run on the worker's main thread). Their difference
-is time the worker wanted a CPU and had none (another process on its cores, the process stopped).
-It ships as a :class:`payload.StepTime` per step with the ids of the requests it prefilled. On a
-GPU the thread blocks on the device by design, so there the two clocks say nothing about
-contention and no step is timed. Per step with no prefill in it: two truth tests.
+- warm-up paid inside a step: a LoRA adapter loaded lazily; a torch.compile, from torch's Dynamo
+  compile callbacks (registered at the first step, so start-up's compiles keep their own spans in
+  ``hooks.warmup``), with its compile id, whether it recompiled, whether it was vLLM's model graph
+  (inside ``monitor_torch_compile``: ``warmup.compile``, else ``warmup.step_compile``) and what
+  was compiled (Dynamo's own record, ``get_compilation_metrics``);
+- contention: a CPU worker's step that runs some prefill, on the wall clock and the thread's CPU
+  clock (their difference is time it wanted a CPU and had none) and its run-queue delay; on a GPU
+  the thread blocks on the device by design, so no step is timed;
+- on a GPU with CUDA graphs captured, the graph decision vLLM made for a step that starts a
+  prefill (``CudagraphDispatcher.dispatch``, V2: ``CudaGraphManager.dispatch``): a step outside
+  the captured sizes runs eager. Evidence, not a timed stage.
 """
 
 from __future__ import annotations
@@ -183,7 +172,7 @@ class WorkerSteps:
             int(getattr(step, "total_num_scheduled_tokens", 0) or 0),
             len(getattr(step, "num_scheduled_tokens", None) or ())))
 
-    # --- CUDA-graph decisions (``graphs``) ----------------------------------------------------
+    # --- CUDA-graph decisions ----------------------------------------------------------------
 
     def unnoted_prefill_step(self) -> Any:
         """The current step, if it starts some request's prefill and its CUDA-graph decision is
@@ -327,6 +316,36 @@ def wrap_get_output(part: WorkerSteps, call: Callable[..., Any], instance: Any, 
     """An async output's ``get_output`` (async scheduling): the resolved output carries what is
     pending. vLLM resolves it (and handles its failure) itself."""
     return part.attach(call(*args, **kwargs))
+
+
+def _graph_choice(mode: Any, tokens: int, max_captured: int) -> GraphChoice:
+    return GraphChoice(getattr(mode, "name", str(mode)), int(tokens), int(max_captured))
+
+
+def wrap_dispatch_v1(part: WorkerSteps, call: Callable[..., Any], instance: Any, args: tuple,
+                     kwargs: dict) -> Any:
+    """``CudagraphDispatcher.dispatch(num_tokens, ...) -> (mode, BatchDescriptor)``."""
+    result = call(*args, **kwargs)
+    step = part.unnoted_prefill_step()
+    if step is not None and instance.keys_initialized \
+            and instance.cudagraph_mode.name != "NONE":
+        tokens = args[0] if args else kwargs["num_tokens"]
+        largest = instance.compilation_config.max_cudagraph_capture_size
+        part.note_graph(step, _graph_choice(result[0], tokens, largest or 0))
+    return result
+
+
+def wrap_dispatch_v2(part: WorkerSteps, call: Callable[..., Any], instance: Any, args: tuple,
+                     kwargs: dict) -> Any:
+    """Model Runner V2's ``CudaGraphManager.dispatch(num_reqs, num_tokens, ...) ->
+    BatchExecutionDescriptor``."""
+    result = call(*args, **kwargs)
+    step = part.unnoted_prefill_step()
+    sizes = instance.captured_token_counts() if step is not None else ()
+    if sizes:
+        tokens = args[1] if len(args) > 1 else kwargs["num_tokens"]
+        part.note_graph(step, _graph_choice(result.cg_mode, tokens, sizes[-1]))
+    return result
 
 
 def wrap_load_adapter(part: WorkerSteps, call: Callable[..., Any], instance: Any, args: tuple,
