@@ -13,6 +13,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 
 from otel_ttft import semconv
+from otel_ttft.runtime.hooks import activation, activation_verdict, first_use
 from otel_ttft.runtime.hooks.registry import Stream
 from otel_ttft.runtime.hooks.request.detail import DetailPolicy
 from otel_ttft.runtime.hooks.request.metrics import RequestMetrics
@@ -66,16 +67,16 @@ class ApiRequests:
     cold, the emitter (tracer, instruments, detail policy) and the settler that emits ended
     requests."""
 
-    def __init__(self, config: Any, tracer: trace.Tracer, meter: metrics.Meter,
-                 on_failure: Any, *, identity: Any, activations: Any, fills: Any,
-                 verdict: Any) -> None:
-        self.config = config
-        self.identity = identity  # the process's: its served model names a request's
+    def __init__(self, process_state: Any, on_failure: Any) -> None:
+        ps = process_state
+        self.config = config = ps.config
+        self.identity = ps.identity  # the process's: its served model names a request's
         self.capture = bool(config.capture_content)
         self.book = Requests()
-        self.cold = ColdCounter(config.cold_requests, activations)
-        self.emitter = RequestEmitter(tracer, RequestMetrics(meter), DetailPolicy(config),
-                                      fills, verdict)
+        # the activation, first-use and verdict parts, made before (``hooks.all_parts``)
+        self.cold = ColdCounter(config.cold_requests, ps.part(activation.PART))
+        self.emitter = RequestEmitter(ps.tracer, RequestMetrics(ps.meter), DetailPolicy(config),
+                                      ps.part(first_use.PART), ps.part(activation_verdict.PART))
         self.settler = Settler(self.book, self.emitter.emit, on_failure)
 
     def close(self) -> None:

@@ -1,6 +1,6 @@
-"""The request span's attributes, from a finished request's record: GenAI request and usage
-attributes, vLLM's own (when its tracing is on), the engine at arrival, stage seconds, adapter,
-compile and activation bookkeeping, and content only when capture is opted in."""
+"""The request span's attributes (GenAI conventions, vLLM's own when its tracing is on, the
+engine at arrival, stage seconds, warm-up, content only when opted in), and the rule for a
+prefill's waits for a CPU."""
 
 from __future__ import annotations
 

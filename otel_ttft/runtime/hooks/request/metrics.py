@@ -1,24 +1,8 @@
-"""Request-path instruments: server TTFT (the GenAI semconv name), time spent per stage, and what
-the engine looked like when the latest request arrived.
-
-Every request is recorded, span or not: vLLM's own histograms
-(``vllm:time_to_first_token_seconds``...) do not split cold from warm, nor TTFT into stages.
-
-TTFT is a histogram, one sample per request. Buckets are the
-GenAI convention's TTFT boundaries (1 ms .. 10 s) extended to 1200 s: a request that waited on a
-cold start is measured in minutes. The sample takes the request span's context when the request
-has a span, so SDKs with exemplars (trace-based filter, the default) lead from the histogram to
-the trace.
-
-Time per stage is a counter (``ttft.request.stage.time``): the seconds requests spent in each
-stage, summed here and read by the SDK at export time. Stages tile TTFT, so these sums say which
-stage a model's first tokens wait on (its share) and how long per request (over the TTFT count).
-A slow request's own stages are on its span.
-
-Queue depth and KV usage at arrival are gauges read at export time (per model: the latest
-arrival). TTFT samples and stage times carry ``gen_ai.operation.name`` and
-``gen_ai.provider.name``. The instruments and the sums are the API server part's
-(:class:`RequestMetrics`), made on its meter.
+"""Request-path instruments, recorded for every request, span or not (vLLM's own histograms split
+neither cold from warm nor TTFT into stages): server TTFT (GenAI buckets extended to 1200 s: a
+request that waited on a cold start takes minutes; its sample takes the request span's context,
+for the exemplar), the seconds spent per stage (a counter summed here, read at export) and the
+engine at the latest arrival (gauges).
 """
 
 from __future__ import annotations

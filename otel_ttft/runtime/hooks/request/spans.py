@@ -1,8 +1,5 @@
-"""Builds one request's span tree and metric samples from its recorded timestamps, after the
-fact, through the tracer with explicit start and end times (as vLLM's own ``do_tracing``).
-Whether the stage children are built is the request-detail policy's call (``detail``); the
-request span always carries the stage durations.
-"""
+"""One request's span tree and metric samples, built after the fact from its recorded timestamps
+with explicit start and end times (as vLLM's own ``do_tracing``)."""
 
 from __future__ import annotations
 

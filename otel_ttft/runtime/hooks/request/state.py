@@ -1,6 +1,5 @@
-"""Per-request state in the API process: the record of one engine request, from
-``OutputProcessor.add_request`` until it is emitted, and the book that holds the records. Times
-are ``time.monotonic()`` seconds (host-wide: EngineCore's compare)."""
+"""The API process's record of one request, from ``OutputProcessor.add_request`` until it is
+emitted, and the book that holds the records (times: ``time.monotonic()`` seconds, host-wide)."""
 
 from __future__ import annotations
 
