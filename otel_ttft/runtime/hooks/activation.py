@@ -23,7 +23,7 @@ from otel_ttft import semconv
 from otel_ttft.runtime import clock, config, handoff, inflight, state_files
 from otel_ttft.runtime.hooks import activation_verdict
 from otel_ttft.runtime.hooks.registry import Hook
-from otel_ttft.runtime.telemetry import pipeline, spans
+from otel_ttft.runtime.telemetry import spans
 
 API_SERVER, ENGINE_CORE, WORKER = semconv.PROCESS_KINDS
 
@@ -291,7 +291,8 @@ def on_plugin_loaded(act: ActivationState | None) -> None:
     kind = {"EngineCoreProc init": ENGINE_CORE, "Worker init": WORKER}.get(name or "")
     if act is None or kind is None or not current.is_recording():
         return
-    pipeline.StageTagger().on_start(current)  # it opened before our tagger was attached
+    # it opened before our stage tagger was attached: its stage and our process kind now
+    spans.tag_span(current, semconv.VLLM_SPAN_STAGES[name], None, act.identity)
     act.emit_process_start(kind, handoff.env_parent_context(),
                            end_ns=getattr(current, "start_time", None))
 

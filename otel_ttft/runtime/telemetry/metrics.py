@@ -1,12 +1,6 @@
-"""OTel instruments, with explicit buckets far above 10 s (a cold start of a large model takes
-minutes; SDK defaults stop at 10 s).
-
-Activations are rare (one an hour or a day), so besides the histogram each stage's duration in the
-process's latest activation is a gauge read at export time: an alert compares that value with the
-model's history (``collector-config/rules``) instead of a rate over windows with no samples.
-
-The instruments and what the gauges read are a part of the process's state (``StageMetrics``),
-made on the meter provider given to ``instrument()`` (else the global one).
+"""The activation stage instruments (buckets far above the SDK's 10 s: a cold start takes
+minutes), and each stage's duration in the process's latest activation as a gauge read at export
+time, which an alert compares with the model's history (activations are too rare for a rate).
 """
 
 from __future__ import annotations
@@ -20,11 +14,6 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from otel_ttft import semconv
 from otel_ttft.runtime import config
 from otel_ttft.version import __version__
-
-
-def meter(name: str = "otel_ttft", provider: Any = None) -> Any:
-    """A meter of ours on ``provider`` (None: the global one)."""
-    return metrics.get_meter(name, __version__, meter_provider=provider)
 
 
 # --- observable gauges: one callback per provider, fed by the part open now ---------------------

@@ -1,7 +1,6 @@
 """The stage tagger: the span processor our configurator puts first on the tracer provider it
-builds (with the in-flight tracker, ``runtime.inflight``). It builds on vLLM's own start-up spans
-and feeds the stage metrics. A provider we did not build gets neither: instrumenting never
-changes a provider's processors, so uninstrumenting leaves it as it was."""
+builds (with ``runtime.inflight``'s tracker). A provider we did not build gets neither, so
+uninstrumenting leaves it as it was."""
 
 from __future__ import annotations
 
@@ -18,14 +17,11 @@ _ACTIVATION_FAMILIES = (semconv.STAGE_LOAD, semconv.STAGE_WARMUP, semconv.STAGE_
 
 
 class StageTagger(SpanProcessor):
-    """Tags vLLM's own start-up spans with ``ttft.stage`` as they open and feeds the stage
-    metrics as any staged span ends: one dict lookup per span start, and how we build on vLLM's
-    spans instead of duplicating them.
-
-    vLLM stamps its spans with the wall clock, ours with the monotonic one: after a wall-clock
-    step the two differ by seconds. The step is noted as each time is taken (``clock``), and our
-    exporter wrapper moves the span onto our clock on its way out (``restamp``), so our spans
-    nest in vLLM's whatever the wall clock did."""
+    """Tags vLLM's own start-up spans with ``ttft.stage`` as they open (one dict lookup per span
+    start: we build on vLLM's spans instead of duplicating them) and feeds the stage metrics as
+    any staged span ends. vLLM stamps its spans with the wall clock, ours with the monotonic
+    one: a wall-clock step is noted as each time is taken, and our exporter wrapper moves the
+    span onto our clock on its way out (``restamp``)."""
 
     def __init__(self) -> None:
         self.shifts: dict[int, list[int]] = {}  # span id -> [start shift, end shift], in ns

@@ -1,9 +1,5 @@
-"""Span plumbing shared by every hook: the tracer, stage tagging of vLLM's own spans, and
-"enrich vLLM's span if it is open, else open ours" so that one stage is one span.
-
-Never sets a provider: it uses whatever ``opentelemetry-instrument`` or vLLM installed, and stays
-a no-op until one exists.
-"""
+"""Span plumbing shared by the start-up hooks: stage tagging, and "enrich vLLM's span if it is
+open, else open ours" so that one stage is one span. Never sets a provider."""
 
 from __future__ import annotations
 
@@ -73,11 +69,8 @@ def stage_span(name: str, stage: str | None, *, enrich: str | None = None,
                attributes: Mapping[str, Any] | None = None,
                context: otel_context.Context | None = None,
                tracer: trace.Tracer, identity: ProcessIdentity) -> Iterator[Span]:
-    """Yield the span that measures this stage.
-
-    If vLLM already has its span ``enrich`` open around us, that span is the stage: we add our
-    attributes to it. Otherwise we open ours, on the one clock, as the current span.
-    """
+    """The span that measures this stage: vLLM's span ``enrich`` if it is open around us (our
+    attributes added), else ours, on the one clock, as the current span."""
     current = trace.get_current_span()
     if enrich is not None and current.is_recording() and getattr(current, "name", None) == enrich:
         tag_span(current, stage, attributes, identity)
