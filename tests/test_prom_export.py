@@ -121,7 +121,7 @@ m.record_activation_stage("warmup.compile", 4.0, "tiny", 1, cache_hit=False)
 m.record_activation_stage("load.read", 0.75, "tiny", 1)
 m.record_shard_read(1000, 1.5, "tiny")
 with trace.get_tracer("t").start_as_current_span("llm_request") as span:
-    mr.RequestMetrics(metrics.get_meter("otel_ttft")).record(
+    mr.RequestMetrics(config.Config(), metrics.get_meter("otel_ttft")).record(
         0.03, {"queue": 0.01, "prefill": 0.02}, "tiny", True, 2, 0.25)
     print(format(span.get_span_context().trace_id, "032x"))
 provider.shutdown()  # one export: like the Collector, a later point without exemplars would

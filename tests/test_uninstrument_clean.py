@@ -238,3 +238,29 @@ def test_no_process_identity_outlives_its_instrumentation(pristine):
     assert instrumentor.state.identity == ProcessIdentity()
     assert process_kind_on_vllms_span() is None
     instrumentor.uninstrument()
+
+
+def test_the_request_instruments_read_the_open_part_after_instrumenting_again(pristine):
+    """The request path's observable instruments are fed like every gauge: after instrument ->
+    uninstrument -> instrument on one meter provider they report the new part's requests (the
+    SDK keeps the first instrument of a name and ignores a second one's callbacks)."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    instrumentor, _ = pristine
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+
+    def waiting() -> list[float]:
+        data = reader.get_metrics_data()
+        return [p.value for rm in data.resource_metrics for sm in rm.scope_metrics
+                for m in sm.metrics if m.name == semconv.METRIC_REQUEST_ARRIVAL_WAITING
+                for p in m.data.data_points]
+
+    for queue_depth in (3, 5):
+        instrumentor.instrument(skip_dep_check=True, meter_provider=provider)
+        metrics = instrumentor.state.part("request.api").emitter.metrics
+        metrics.record(0.1, {semconv.STAGE_QUEUE: 0.1}, "m", False, queue_depth, None)
+        assert waiting() == [queue_depth]
+        instrumentor.uninstrument()
+        assert waiting() == []

@@ -208,7 +208,7 @@ class InflightWatch:
         if self.tracker is None:
             return
         self.tracker.identity = self.identity
-        self.gauge = telemetry_metrics.observable_gauge(
+        self.gauge = telemetry_metrics.observable(
             self.config, semconv.METRIC_ACTIVATION_STAGE_IN_PROGRESS, self.observe, unit="s",
             description="Seconds this process has been in the activation stage it is in now "
                         "(reported only while a start-up, wake-up or adapter load is running)")

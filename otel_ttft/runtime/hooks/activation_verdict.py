@@ -242,7 +242,7 @@ class LiveVerdict:
                         identity=self._identity)
         self._latest = _report(result, judged.trace_hex)
         if self._feed is None:
-            self._feed = metrics.observable_gauge(
+            self._feed = metrics.observable(
                 self._config, semconv.METRIC_ACTIVATION_VERDICT, self._observe, unit="s",
                 description="The blamed stage's increase over the earlier activations of its "
                             "model on this host, in this server's latest verdict (labels: "

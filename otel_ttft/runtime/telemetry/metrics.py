@@ -16,11 +16,11 @@ from otel_ttft.runtime import config
 from otel_ttft.version import __version__
 
 
-# --- observable gauges: one callback per provider, fed by the part open now ---------------------
+# --- observable instruments: one callback per provider, fed by the part open now ----------------
 class GaugeFeed:
-    """The one callback of one observable gauge on one meter provider. The OTel API cannot
+    """The one callback of one observable instrument on one meter provider. The OTel API cannot
     unregister a callback, and the SDK keeps the first instrument of a name (a second one's
-    callbacks are ignored): so each gauge is registered once per provider and reads whichever
+    callbacks are ignored): so each is registered once per provider and reads whichever
     part feeds it now (``source``); with none (uninstrumented), it yields nothing."""
 
     def __init__(self) -> None:
@@ -32,21 +32,23 @@ class GaugeFeed:
 
 
 _feeds: dict[tuple[int, str], tuple[Any, GaugeFeed]] = {}
-"""(id of a meter provider, gauge name) -> (that provider, its feed): what was registered on
+"""(id of a meter provider, instrument name) -> (that provider, its feed): what was registered on
 providers, which outlive an instrumentation (a registration cannot be taken back)."""
 
 
-def observable_gauge(cfg: config.Config, name: str, source: Callable[..., Any], *,
-                     meter_name: str = "otel_ttft", **kwargs: Any) -> GaugeFeed:
-    """The gauge ``name`` on ``cfg``'s meter provider, fed by ``source`` from now on (registered
-    on first use of that provider; the part sets ``feed.source = None`` when it closes)."""
+def observable(cfg: config.Config, name: str, source: Callable[..., Any], *,
+               counter: bool = False, **kwargs: Any) -> GaugeFeed:
+    """The observable gauge (``counter``: counter) ``name`` on ``cfg``'s meter provider, fed by
+    ``source`` from now on (registered on first use of that provider; the part stops feeding it
+    when it closes)."""
     provider = config.meter_provider(cfg)
     key = (id(provider), name)
     found = _feeds.get(key)
     if found is None or found[0] is not provider:
         feed = GaugeFeed()
-        metrics.get_meter(meter_name, __version__, meter_provider=provider) \
-            .create_observable_gauge(name, callbacks=[feed], **kwargs)
+        meter = metrics.get_meter("otel_ttft", __version__, meter_provider=provider)
+        create = meter.create_observable_counter if counter else meter.create_observable_gauge
+        create(name, callbacks=[feed], **kwargs)
         _feeds[key] = found = (provider, feed)
     found[1].source = source
     return found[1]
@@ -84,11 +86,11 @@ class StageMetrics:
             explicit_bucket_boundaries_advisory=list(semconv.THROUGHPUT_BUCKETS_GB_PER_S))
         self.last: dict[tuple[str, str | None], list] = {}
         self.compiles: dict[str | None, list] = {}
-        self.last_feed = observable_gauge(
+        self.last_feed = observable(
             self.config, semconv.METRIC_ACTIVATION_STAGE_LAST_DURATION, self.observe_last,
             unit="s", description="Duration of each stage in this process's latest activation "
                                   "(its longest span of that stage)")
-        self.compile_feed = observable_gauge(
+        self.compile_feed = observable(
             self.config, semconv.METRIC_ACTIVATION_COMPILE_CACHE_HIT_RATIO, self.observe_compile,
             unit="1", description="Fraction of torch.compile spans in this process's latest "
                                   "activation that loaded their artifacts from the cache")

@@ -75,8 +75,9 @@ class ApiRequests:
         self.book = Requests()
         # the activation, first-use and verdict parts, made before (``hooks.all_parts``)
         self.cold = ColdCounter(config.cold_requests, ps.part(activation.PART))
-        self.emitter = RequestEmitter(ps.tracer, RequestMetrics(ps.meter), DetailPolicy(config),
-                                      ps.part(first_use.PART), ps.part(activation_verdict.PART))
+        self.emitter = RequestEmitter(ps.tracer, RequestMetrics(config, ps.meter),
+                                      DetailPolicy(config), ps.part(first_use.PART),
+                                      ps.part(activation_verdict.PART))
         self.settler = Settler(self.book, self.emitter.emit, on_failure)
 
     def close(self) -> None:

@@ -15,6 +15,7 @@ from opentelemetry.context import Context, get_current
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from otel_ttft import semconv
+from otel_ttft.runtime.telemetry.metrics import observable, stop_feeding
 
 _MAX_KEYS = 1024  # (model, cold, operation) combinations kept; LoRA names come and go
 
@@ -24,9 +25,10 @@ a span of its own has no trace to lead to)."""
 
 
 class RequestMetrics:
-    """The request path's instruments on one meter, and what its observable ones read."""
+    """The request path's instruments, and what its observable ones read (registered once per
+    meter provider and fed by the open part, as ``telemetry.metrics.observable`` says why)."""
 
-    def __init__(self, meter: Meter) -> None:
+    def __init__(self, config: Any, meter: Meter) -> None:
         # model -> (waiting requests, KV usage) at the latest arrival
         self.latest: dict[str | None, tuple[float | None, float | None]] = {}
         # (model, cold, operation) -> stage -> seconds, since this process started counting
@@ -36,21 +38,23 @@ class RequestMetrics:
             description="Time to generate the first token, server side (arrival -> first token "
                         "handed to the HTTP layer)",
             explicit_bucket_boundaries_advisory=list(semconv.TTFT_BUCKETS_S))
-        meter.create_observable_counter(
-            semconv.METRIC_REQUEST_STAGE_TIME, callbacks=[self._observe_stage_time], unit="s",
-            description="Time requests spent in each TTFT stage (frontend, queue, prefill; "
-                        "first_decode is outside TTFT), summed over requests")
-        meter.create_observable_gauge(
-            semconv.METRIC_REQUEST_ARRIVAL_WAITING, callbacks=[self._observe_latest(0)],
-            unit="{request}",
-            description="Requests waiting in the engine queue when the latest request arrived")
-        meter.create_observable_gauge(
-            semconv.METRIC_REQUEST_ARRIVAL_KV_USAGE, callbacks=[self._observe_latest(1)],
-            unit="1",
-            description="Fraction of KV-cache blocks in use when the latest request arrived")
+        self.sources = (self._observe_stage_time, self._observe_latest(0),
+                        self._observe_latest(1))
+        self.feeds = (
+            observable(config, semconv.METRIC_REQUEST_STAGE_TIME, self.sources[0], counter=True,
+                       unit="s", description="Time requests spent in each TTFT stage (frontend, "
+                       "queue, prefill; first_decode is outside TTFT), summed over requests"),
+            observable(config, semconv.METRIC_REQUEST_ARRIVAL_WAITING, self.sources[1],
+                       unit="{request}", description="Requests waiting in the engine queue when "
+                       "the latest request arrived"),
+            observable(config, semconv.METRIC_REQUEST_ARRIVAL_KV_USAGE, self.sources[2],
+                       unit="1", description="Fraction of KV-cache blocks in use when the "
+                       "latest request arrived"))
 
     def close(self) -> None:
-        """The observable instruments read nothing from now on (the API cannot remove them)."""
+        """The observable instruments read nothing from now on."""
+        for feed, source in zip(self.feeds, self.sources, strict=True):
+            stop_feeding(feed, source)
         self.latest.clear()
         self.stage_time.clear()
 
