@@ -27,7 +27,7 @@ import os
 import signal
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
@@ -37,6 +37,9 @@ from otel_ttft import semconv
 from otel_ttft.runtime import clock, config, state_files
 from otel_ttft.runtime.telemetry import bounded_export, spans
 from otel_ttft.runtime.telemetry import metrics as telemetry_metrics
+
+if TYPE_CHECKING:
+    from otel_ttft.runtime.state import ProcessIdentity
 
 logger = logging.getLogger("otel_ttft")
 
@@ -75,7 +78,7 @@ class InflightTracker(SpanProcessor):
         self.sending = threading.Lock()  # held while snapshots are queued
         self._open: dict[int, Any] = {}
         self._publish = True
-        self.identity: Any = None
+        self.identity: ProcessIdentity | None = None
 
     def kind(self) -> str | None:
         return self.identity.kind if self.identity is not None else None
