@@ -20,9 +20,10 @@ from otel_ttft.runtime.hooks.request.timeline import PREEMPTED, SCHEDULED
 VERSION = 3
 
 
-class StepTime(msgspec.Struct, array_like=True, frozen=True):
+class StepTime(msgspec.Struct, array_like=True):
     """One engine step that ran (part of) a request's prefill, as its worker thread lived it
-    (``execute_model`` and the step's ``sample_tokens`` together; ``time.monotonic()``)."""
+    (``execute_model`` and the step's ``sample_tokens`` together, added up as they run;
+    ``time.monotonic()``)."""
 
     start: float
     end: float

@@ -24,7 +24,7 @@ import contextvars
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -68,17 +68,6 @@ class _Compiling:
     model_graph: bool
 
 
-@dataclass(slots=True)
-class _OpenStep:
-    start: float
-    end: float = 0.0
-    wall: float = 0.0
-    cpu: float = 0.0
-    queued: float = 0.0
-    queued_before: float = 0.0
-    request_ids: list[str] = field(default_factory=list)
-
-
 def _frames() -> dict[str, str]:
     """compile id -> ``file:function`` for Dynamo's latest compiles (its own bounded record)."""
     try:
@@ -101,7 +90,7 @@ class WorkerSteps:
         self.graph_noted: Any = None  # the SchedulerOutput whose CUDA-graph decision is noted
         self.compiling: _Compiling | None = None
         self.prefilling: dict[str, int] = {}  # request id -> prompt tokens still to compute
-        self.open: _OpenStep | None = None  # the step whose sample_tokens is still to come
+        self.open: PrefillStep | None = None  # the timed step whose sample_tokens is to come
         self.cpu_worker: bool | None = None  # the worker's device is a CPU (None: not known)
         self.run_queue = RunQueueClock(with_io_threads=True)  # the worker's (and wake-up's) wait
         self.queued_last: float | None = None  # its run-queue reading at the latest step
@@ -218,9 +207,7 @@ class WorkerSteps:
     def close_step(self) -> None:
         step, self.open = self.open, None
         if step is not None:
-            self.steps.append(PrefillStep(StepTime(step.start, step.end, step.wall, step.cpu,
-                                                   step.queued, step.queued_before),
-                                          step.request_ids))
+            self.steps.append(step)
             del self.steps[:-256]
 
     def is_cpu_worker(self, worker: Any) -> bool:
@@ -229,8 +216,7 @@ class WorkerSteps:
             self.cpu_worker = getattr(device, "type", None) == "cpu"
         return self.cpu_worker
 
-    def timed(self, call: Callable[..., Any], args: tuple, kwargs: dict,
-              step: _OpenStep) -> Any:
+    def timed(self, call: Callable[..., Any], args: tuple, kwargs: dict, step: StepTime) -> Any:
         wall, cpu, queued = time.monotonic(), time.thread_time(), self.run_queue.seconds()
         try:
             return call(*args, **kwargs)
@@ -289,8 +275,8 @@ def wrap_execute_model(part: WorkerSteps, call: Callable[..., Any], instance: An
     ids = part._prefill_ids(scheduler_output)
     if not ids:
         return part.attach(call(*args, **kwargs))
-    step = _OpenStep(time.monotonic(), queued_before=before, request_ids=ids)
-    output = part.timed(call, args, kwargs, step)
+    step = PrefillStep(StepTime(time.monotonic(), 0.0, 0.0, 0.0, queued_before=before), ids)
+    output = part.timed(call, args, kwargs, step.time)
     part.open = step
     if output is not None:  # the step's output is here: no sample_tokens call follows
         part.close_step()
@@ -305,7 +291,7 @@ def wrap_sample_tokens(part: WorkerSteps, call: Callable[..., Any], instance: An
     if step is None:
         return part.attach(call(*args, **kwargs))
     try:
-        output = part.timed(call, args, kwargs, step)
+        output = part.timed(call, args, kwargs, step.time)
     finally:
         part.close_step()
     return part.attach(output)
