@@ -3,8 +3,9 @@ after the fact from timestamps vLLM already records (``docs/architecture.md`` wa
 
 One part per process, handed to the hooks that name it: ``request.api`` (``api``: the records,
 emitted by ``settle`` through ``spans``, ``attributes`` and ``metrics`` as ``detail`` decides),
-``request.engine`` (``engine``: counts, never spans) and ``request.worker`` (``worker``); what
-they hand each other, one way in each direction, is ``payload``.
+``request.engine`` (``engine``: counts, never spans) and ``request.worker`` (``worker``, with
+``graphs`` and ``kernels``); what they hand each other, one way in each direction, is
+``payload``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import functools
 
 from otel_ttft import semconv
 from otel_ttft.runtime.hooks.registry import Hook, report_failure
-from otel_ttft.runtime.hooks.request import api, engine, worker
+from otel_ttft.runtime.hooks.request import api, engine, graphs, worker
 from otel_ttft.runtime.state import PartSpec
 
 API_SERVER, ENGINE_CORE, WORKER = semconv.PROCESS_KINDS
@@ -73,11 +74,11 @@ HOOKS: list[Hook] = [
            process=WORKER, optional=True, state=WORKER_PART)
       for kind, target in _ASYNC_OUTPUTS),
     Hook("request.graph_dispatch", "vllm.v1.cudagraph_dispatcher:CudagraphDispatcher.dispatch",
-         worker.wrap_dispatch_v1, stage=semconv.STAGE_PREFILL, process=WORKER,
+         graphs.wrap_dispatch_v1, stage=semconv.STAGE_PREFILL, process=WORKER,
          state=WORKER_PART),
     Hook("request.graph_dispatch_v2",
          "vllm.v1.worker.gpu.cudagraph_utils:CudaGraphManager.dispatch",
-         worker.wrap_dispatch_v2, stage=semconv.STAGE_PREFILL, process=WORKER,
+         graphs.wrap_dispatch_v2, stage=semconv.STAGE_PREFILL, process=WORKER,
          state=WORKER_PART),
 ]
 

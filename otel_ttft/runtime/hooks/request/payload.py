@@ -17,7 +17,7 @@ import msgspec
 
 from otel_ttft.runtime.hooks.request.timeline import PREEMPTED, SCHEDULED
 
-VERSION = 3
+VERSION = 4
 
 
 class StepTime(msgspec.Struct, array_like=True):
@@ -46,12 +46,21 @@ class EngineWait(msgspec.Struct, array_like=True, frozen=True):
 
 class GraphChoice(msgspec.Struct, array_like=True, frozen=True):
     """vLLM's CUDA-graph decision for the first step of a request's prefill (GPU, graphs
-    captured): its ``CUDAGraphMode`` (``NONE``: eager), the step's tokens, the largest batch in
-    tokens with a captured graph."""
+    captured), in tokens: ``mode``, its ``CUDAGraphMode`` (``NONE``: outside every graph, eager
+    or the compiled model without one: ``compiled``); the step's tokens and what it ran as
+    (``padded``); the largest graph for mixed (prefill) batches (``max_captured``: the piecewise
+    limit when piecewise graphs run prefills, the full one in full-only mode, 0 when only full
+    decode graphs exist), the largest full and piecewise ones; ``source``: the dispatcher's
+    answer, or vLLM's own per-step record (``cudagraph_stats``, ``--cudagraph-metrics``)."""
 
     mode: str
     tokens: int
     max_captured: int
+    padded: int = 0
+    max_full: int = 0
+    max_piecewise: int = 0
+    compiled: bool = False  # vLLM's compilation mode is not ``NONE``
+    source: str = "dispatch"
 
 
 class GraphDispatch(msgspec.Struct, array_like=True, frozen=True):
@@ -72,6 +81,9 @@ class CompileTime(msgspec.Struct, array_like=True, frozen=True):
     model_graph: bool  # vLLM's model graph (inside ``monitor_torch_compile``), not a helper
     step_tokens: int  # tokens and requests of the step it ran in
     step_requests: int
+    # ``dynamo`` (torch.compile, Inductor's kernels inside it) or ``triton`` (a ``@triton.jit``
+    # kernel compiled for a new specialization: Triton's own hooks timed it)
+    compiler: str = "dynamo"
 
 
 class AdapterLoad(msgspec.Struct, array_like=True, frozen=True):
@@ -169,12 +181,14 @@ def _valid(w: _Wire) -> bool:
     g = w.graph
     return (w.version == VERSION and isfinite(w.queued)
             and all(k in (SCHEDULED, PREEMPTED) and isfinite(ts) for k, ts in w.schedule)
-            and all(c.step_tokens >= 0 and c.step_requests >= 0 and _finite(c.start, c.end)
-                    for c in w.compile)
+            and all(c.step_tokens >= 0 and c.step_requests >= 0 and len(c.compiler) <= 16
+                    and _finite(c.start, c.end) for c in w.compile)
             and (w.adapter is None or _finite(*w.adapter))
             and all(_finite(s.start, s.end, s.wall, s.cpu, s.queued, s.queued_before)
                     and min(s.wall, s.cpu, s.queued, s.queued_before) >= 0 for s in w.steps)
-            and (g is None or (g.tokens >= 0 and g.max_captured >= 0 and len(g.mode) <= 32))
+            and (g is None or (min(g.tokens, g.max_captured, g.padded, g.max_full,
+                                   g.max_piecewise) >= 0
+                               and len(g.mode) <= 32 and len(g.source) <= 32))
             and all(_finite(e.start, e.end, e.queued) and e.queued >= 0
                     for e in w.engine_waits))
 
