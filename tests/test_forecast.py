@@ -223,9 +223,9 @@ def test_the_gauge_reports_the_other_models_of_this_host(checkpoint, tmp_path, m
     path = tmp_path / "activations.json"
     _write_history(path, _history(checkpoint))
     monkeypatch.setenv("OTEL_TTFT_VERDICT_HISTORY", str(path))
-    monkeypatch.setattr(forecast_gauge.this_process, "served_model", "A")
     state = ProcessState(current_config(), [PartSpec(forecast_gauge.PART,
                                                      forecast_gauge.ForecastGauge)])
+    state.identity.served_model = "A"  # this server's model
     part = state.part(forecast_gauge.PART)
     try:
         part.on_ready()

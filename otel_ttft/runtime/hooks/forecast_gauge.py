@@ -25,7 +25,6 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from otel_ttft import semconv
 from otel_ttft.runtime import activation_history as history
-from otel_ttft.runtime.context import process as this_process
 from otel_ttft.runtime.telemetry import metrics
 
 logger = logging.getLogger("vllm.otel_ttft")
@@ -53,6 +52,7 @@ class ForecastGauge:
 
     def __init__(self, process_state: Any) -> None:
         self._config = process_state.config
+        self._identity = process_state.identity  # the model this server serves
         self._feed: Any = None
         self._observations: list[tuple[float, dict]] = []
         self._read_at = 0.0
@@ -67,7 +67,7 @@ class ForecastGauge:
             return
         self._refresh()
         if self._feed is None:
-            self._feed = metrics.observable_gauge(
+            self._feed = metrics.observable(
                 self._config, semconv.METRIC_SWITCH_FORECAST, self._observe, unit="s",
                 description="Forecast of another model's first token on this host if a request "
                             "for it arrived now (this server leaving first), per stage")
@@ -90,7 +90,7 @@ class ForecastGauge:
             if loaded is None or not loaded.records:
                 self._observations = []
                 return
-            mine = this_process.served_model
+            mine = self._identity.served_model
             host = conditions.read_host(libc=self._libc)
             self._libc = host.libc
             found = conditions.forecasts(loaded.records, host, outgoing=mine)
@@ -108,7 +108,7 @@ class ForecastGauge:
     def note_eviction(self, start_ns: int, end_ns: int) -> None:
         """This server's eviction ended: its seconds join the history (a ``switch`` record),
         under the history's bounded lock. At exit: never raises."""
-        model = this_process.served_model
+        model = self._identity.served_model
         if self._closed or not model or not history.enabled() or end_ns <= start_ns:
             return
         try:
