@@ -109,6 +109,8 @@ class LiveVerdict:
         self._latest: dict | None = None  # the gauge's observation: value and labels
         self._lock = threading.Lock()
         self._feed: Any = None  # the gauge's feed, once a verdict exists
+        self._skews: list[tuple[float, dict]] = []  # the rank-skew gauge's observations
+        self._skew_feed: Any = None
         self._closed = False
 
     def note_config(self, vllm_config: Any) -> None:
@@ -239,12 +241,35 @@ class LiveVerdict:
         spans.emit_span(semconv.SPAN_ACTIVATION_VERDICT, now, now, context=parent,
                         attributes=attributes(result), tracer=self._tracer)
         self._latest = _report(result, judged.trace_hex)
+        self._note_skews(judged)
         if self._feed is None:
             self._feed = metrics.observable_gauge(
                 self._config, semconv.METRIC_ACTIVATION_VERDICT, self._observe, unit="s",
                 description="The blamed stage's increase over the earlier activations of its "
                             "model on this host, in this server's latest verdict (labels: "
                             "stage, fix, outcome)")
+
+    def _note_skews(self, judged: _Judged) -> None:
+        """The rank-skew gauge: each stage's skew among the workers in this activation."""
+        found = (judged.record or {}).get("ranks") or {}
+        skews = found.get("skews") if isinstance(found, dict) else None
+        if not skews:
+            return
+        model = judged.pre.model
+        self._skews = [(float(v["skew_s"]), {
+            semconv.ATTR_STAGE: stage, semconv.ATTR_PARALLEL_RANK: int(v["rank"]),
+            **({semconv.GEN_AI_REQUEST_MODEL: model} if model else {})})
+            for stage, v in skews.items()]
+        if self._skew_feed is None:
+            self._skew_feed = metrics.observable_gauge(
+                self._config, semconv.METRIC_ACTIVATION_RANK_SKEW, self._observe_skews,
+                unit="s", description="In this server's latest activation, per start-up stage: "
+                                      "the slowest worker rank's time less the fastest's "
+                                      "(label ttft.parallel.rank: the slowest)")
+
+    def _observe_skews(self, options: CallbackOptions):
+        for value, labels in list(self._skews):
+            yield Observation(value, labels)
 
     def _observe(self, options: CallbackOptions):
         latest = self._latest
@@ -257,6 +282,10 @@ class LiveVerdict:
         if self._feed is not None:
             metrics.stop_feeding(self._feed, self._observe)
             self._feed = None
+        if self._skew_feed is not None:
+            metrics.stop_feeding(self._skew_feed, self._observe_skews)
+            self._skew_feed = None
+        self._skews = []
         self._preload = self._judged = self._latest = None
 
 
@@ -328,8 +357,11 @@ def _vocabulary() -> tuple[Any, str | None, str | None]:
 
 
 def _record(diagnosis: Any, pre: _Preload, trace_hex: str, start_ns: int, end_ns: int) -> dict:
+    from otel_ttft.diagnosis import ranks
+
     part = ledger.gather(trace_hex)
     stages = diagnosis.stage_seconds(part["intervals"], start_ns, end_ns)
+    skews = ranks.skews(part["ranked"])
     ratio = part["resident_ratio"]
     storage = part["shard_bytes"] * (1.0 - ratio) if ratio is not None else part["shard_bytes"]
     hits = part["compile_hits"]
@@ -342,6 +374,7 @@ def _record(diagnosis: Any, pre: _Preload, trace_hex: str, start_ns: int, end_ns
                      "compile_cache_hit": all(hits) if hits else None,
                      "compile_cache_dir": facts.get("compile_cache_dir")},
         "facts": facts, "config": pre.config,
+        "ranks": {"gate": ranks.gate(part["ranked"]), "skews": skews} if skews else None,
     }
 
 
@@ -400,6 +433,11 @@ def attributes(result: dict) -> dict[str, Any]:
                     (result.get("evidence") or {}).get("cold_cached_tokens"),
                 semconv.ATTR_VERDICT_COLD_UNCACHED_PREFIX_TOKENS:
                     (result.get("evidence") or {}).get("cold_uncached_prefix_tokens")}
+    gate = result.get("rank_gate")
+    if gate:
+        optional.update({semconv.ATTR_VERDICT_RANK: gate["rank"],
+                         semconv.ATTR_VERDICT_RANK_STAGE: gate["stage"],
+                         semconv.ATTR_VERDICT_RANK_SKEW_S: float(gate["skew_s"])})
     attrs.update({k: v for k, v in optional.items() if v is not None})
     return attrs
 

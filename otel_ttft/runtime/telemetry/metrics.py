@@ -18,7 +18,7 @@ from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from otel_ttft import semconv
-from otel_ttft.runtime import config
+from otel_ttft.runtime import config, ranks
 from otel_ttft.runtime.context import process as this_process
 from otel_ttft.version import __version__
 
@@ -163,8 +163,8 @@ def _model(model: str | None) -> str | None:
     return model or this_process.served_model
 
 
-def _attrs(stage: str | None, model: str | None) -> dict[str, str]:
-    out = {}
+def _attrs(stage: str | None, model: str | None) -> dict[str, str | int]:
+    out: dict[str, str | int] = dict(ranks.metric_labels())  # a worker's: which rank it is
     if stage:
         out[semconv.ATTR_STAGE] = stage
     if model:

@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.trace import Span
 
 from otel_ttft import semconv
-from otel_ttft.runtime import clock
+from otel_ttft.runtime import clock, ranks
 from otel_ttft.runtime.context import process as this_process
 from otel_ttft.runtime.telemetry import metrics
 
@@ -47,6 +47,9 @@ class StageTagger(SpanProcessor):
             span.set_attribute(semconv.ATTR_STAGE, stage)
             if this_process.kind:
                 span.set_attribute(semconv.ATTR_PROCESS_KIND, this_process.kind)
+            worker_ranks = ranks.span_attributes()
+            if worker_ranks:
+                span.set_attributes(worker_ranks)
 
     def restamp(self, span: ReadableSpan) -> ReadableSpan:
         """``span`` on our clock, if it is a vLLM span whose times the wall clock moved."""
