@@ -50,6 +50,7 @@ class RankState:
     def __init__(self, process_state: Any = None) -> None:
         global _open
         self.ranks: Ranks | None = None
+        self.tracer = getattr(process_state, "tracer", None)  # the rendezvous span's
         _open = self
 
     def note(self, **known: int | None) -> Ranks:

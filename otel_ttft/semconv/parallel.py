@@ -24,6 +24,13 @@ PARALLEL_ATTRIBUTES = (
 PARALLEL_METRIC_LABELS = (ATTR_PARALLEL_RANK, ATTR_PARALLEL_TP_RANK, ATTR_PARALLEL_PP_RANK,
                           ATTR_PARALLEL_DP_RANK)
 
+#: a worker in vLLM's distributed rendezvous (``init_distributed_environment``, inside "Init
+#: device"), where it waits for every other rank to arrive: with several workers, time a rank
+#: spends here is the slowest rank's, not its own (stage warmup.device_init)
+SPAN_RANK_RENDEZVOUS = "Wait for other ranks"
+#: True on a span whose time is this rank waiting for the others (a collective)
+ATTR_PARALLEL_WAIT = "ttft.parallel.wait"
+
 # the activation along the slowest rank
 #: on vllm.activation.verdict: the worker rank that gated the start (its stage took longest)
 ATTR_VERDICT_RANK = "ttft.verdict.rank"

@@ -41,7 +41,7 @@ class _Entry:
     """One activation's stage spans in this process."""
 
     def __init__(self) -> None:
-        self.spans: list[list] = []  # [start_ns, end_ns, stage(, worker rank)]
+        self.spans: list[list] = []  # [start_ns, end_ns, stage(, worker rank(, 1: a wait))]
         self.shard_bytes = 0
         self.resident_weighted = 0.0
         self.resident_weight = 0
@@ -126,6 +126,8 @@ class StageLedger(SpanProcessor):
 def _add(entry: _Entry, start: int, end: int, stage: str, attrs: Any) -> None:
     rank = attrs.get(semconv.ATTR_PARALLEL_RANK)
     item = [start, end, stage] if not isinstance(rank, int) else [start, end, stage, rank]
+    if attrs.get(semconv.ATTR_PARALLEL_WAIT) is True and len(item) == 4:
+        item.append(1)  # this rank waiting for the others (``diagnosis.ranks``)
     last = entry.spans[-1] if entry.spans else None
     if last is not None and last[2:] == item[2:] and 0 <= start - last[1] < 1_000_000:
         last[1] = max(last[1], end)  # consecutive shard reads: one interval
@@ -187,12 +189,13 @@ def gather(trace_hex: str) -> dict:
         if not isinstance(part, dict):
             continue
         for item in part.get("spans") or []:
-            if (isinstance(item, list) and len(item) in (3, 4) and isinstance(item[2], str)
+            if (isinstance(item, list) and len(item) in (3, 4, 5) and isinstance(item[2], str)
                     and all(isinstance(x, int) and not isinstance(x, bool)
                             for x in (*item[:2], *item[3:]))):
                 out["intervals"].append(Interval(item[0], item[1], item[2]))
-                if len(item) == 4:
-                    out["ranked"].append(RankedInterval(item[0], item[1], item[2], item[3]))
+                if len(item) > 3:
+                    out["ranked"].append(RankedInterval(item[0], item[1], item[2], item[3],
+                                                        wait=item[4:] == [1]))
         out["shard_bytes"] += _number(part.get("shard_bytes"))
         weighted += _number(part.get("resident_weighted"))
         weight += _number(part.get("resident_weight"))

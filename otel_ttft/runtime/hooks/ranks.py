@@ -10,8 +10,10 @@ from typing import Any
 
 from opentelemetry import trace
 
+from otel_ttft import semconv
 from otel_ttft.runtime import ranks
 from otel_ttft.runtime.hooks.registry import Hook
+from otel_ttft.runtime.telemetry import spans
 
 WORKER = "worker"
 
@@ -56,10 +58,26 @@ def _wrap_group(part: ranks.RankState, call, instance, args, kwargs):
     return result
 
 
+def _wrap_rendezvous(part: ranks.RankState, call, instance, args, kwargs):
+    """init_distributed_environment(world_size, rank, ...): with several workers, each waits
+    here until every rank has arrived; a span marked as that wait, so the slow rank's time is
+    not read as this one's device init."""
+    world = _int(args[0] if args else kwargs.get("world_size"))
+    if part.tracer is None or world is None or world < 2 \
+            or not trace.get_current_span().is_recording():
+        return call(*args, **kwargs)
+    with spans.stage_span(semconv.SPAN_RANK_RENDEZVOUS, semconv.STAGE_WARMUP_DEVICE_INIT,
+                          attributes={semconv.ATTR_PARALLEL_WAIT: True}, tracer=part.tracer):
+        return call(*args, **kwargs)
+
+
 PART = ranks.PART
 HOOKS = [
     Hook("ranks.worker", "vllm.v1.executor.multiproc_executor:WorkerProc.__init__",
          _wrap_worker_proc, process=WORKER, state=PART),
+    # gpu_worker imports it by name; the CPU worker calls gpu_worker's distributed set-up
+    Hook("ranks.rendezvous", "vllm.v1.worker.gpu_worker:init_distributed_environment",
+         _wrap_rendezvous, stage=semconv.STAGE_WARMUP_DEVICE_INIT, process=WORKER, state=PART),
     Hook("ranks.group", "vllm.distributed.parallel_state:GroupCoordinator.__init__",
          _wrap_group, process=WORKER, state=PART),
 ]

@@ -256,7 +256,9 @@ def _activation(root: SpanNode) -> ActivationSummary:
         attrs = node.attributes
         rank = _int(attrs.get(semconv.ATTR_PARALLEL_RANK))
         if rank is not None and node.stage is not None and node.end_ns > node.start_ns:
-            ranked.append(ranks.RankedInterval(node.start_ns, node.end_ns, node.stage, rank))
+            ranked.append(ranks.RankedInterval(
+                node.start_ns, node.end_ns, node.stage, rank,
+                wait=attrs.get(semconv.ATTR_PARALLEL_WAIT) is True))
         if node.stage == semconv.STAGE_LOAD_READ:
             size = _int(attrs.get(semconv.ATTR_SHARD_BYTES)) or 0
             shard_bytes += size
