@@ -50,3 +50,11 @@ def waited(window_s: float, wait_s: float) -> bool:
 RANK_SKEW_FACTOR = 2.0
 #: ... and at least this many seconds more (ranks that import or load a second apart are noise)
 RANK_SKEW_MIN_SECONDS = 1.0
+
+
+#: a step's hand-off (EngineCore handed it over -> its worker began it, plus the worker's output
+#: left -> EngineCore had it) is a wait only beyond this many seconds: a worker asleep between
+#: requests is woken through its queue in well under it
+HANDOFF_MIN_SECONDS = 0.05
+#: a wait is named as paged-in memory (major_faults) from this many major faults in its window
+WAIT_MAJOR_FAULTS = 100

@@ -18,7 +18,7 @@ from typing import Annotated
 
 import msgspec
 
-VERSION = 3
+VERSION = 4
 SCHEDULED, PREEMPTED = "S", "P"  # schedule event kinds (same letters as ``timeline``)
 
 
@@ -39,6 +39,17 @@ class StepTime(msgspec.Struct, array_like=True, frozen=True):
     queued_before: float = 0.0
     """... and since its previous step, up to this one's start: waking up for this step
     included (the API side counts it only within the gap before the step)."""
+    handed: float = 0.0
+    """When EngineCore handed the step to its workers (``Scheduler.schedule`` returned; 0:
+    not stamped), ..."""
+    received: float = 0.0
+    """... and when it had the step's output (``update_from_output``; 0: not stamped)."""
+    major_faults: int = 0
+    """The worker's major page faults since its previous step (``hostwait``)."""
+    steal: float = 0.0
+    """Seconds of the host's steal time since the worker's previous step."""
+    throttled: float = 0.0
+    """Seconds the worker's cgroup was throttled since its previous step."""
 
 
 class EngineWait(msgspec.Struct, array_like=True, frozen=True):

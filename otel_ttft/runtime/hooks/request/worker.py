@@ -40,6 +40,7 @@ from typing import Any
 
 import msgspec
 
+from otel_ttft.runtime.hooks.request.hostwait import HostClock, HostReading
 from otel_ttft.runtime.hooks.request.payload import (
     WORKER_NOTES_ATTR,
     AdapterLoad,
@@ -88,6 +89,7 @@ class _OpenStep:
     queued: float = 0.0
     queued_before: float = 0.0
     request_ids: list[str] = field(default_factory=list)
+    host: HostReading = HostReading()  # since the worker's previous timed step
 
 
 def _frames() -> dict[str, str]:
@@ -116,6 +118,8 @@ class WorkerSteps:
         self.cpu_worker: bool | None = None  # the worker's device is a CPU (None: not known)
         self.run_queue = RunQueueClock(with_io_threads=True)  # the worker's (and wake-up's) wait
         self.queued_last: float | None = None  # its run-queue reading at the latest step
+        self.host = HostClock()  # faults, steal, throttling: why a step began late
+        self.host_last: HostReading | None = None
         self.callbacks: Any = None  # Dynamo's handler while registered (False: tried, or closed)
         self.closed = False
 
@@ -128,6 +132,7 @@ class WorkerSteps:
             with contextlib.suppress(ValueError):
                 handler.remove_end_callback(self._compile_ended)
         self.run_queue.close()
+        self.host.close()
         self.notes.clear()
         self.steps.clear()
         self.prefilling.clear()
@@ -229,8 +234,12 @@ class WorkerSteps:
     def close_step(self) -> None:
         step, self.open = self.open, None
         if step is not None:
+            host = step.host
             self.steps.append(PrefillStep(StepTime(step.start, step.end, step.wall, step.cpu,
-                                                   step.queued, step.queued_before),
+                                                   step.queued, step.queued_before,
+                                                   major_faults=host.major_faults,
+                                                   steal=host.steal_s,
+                                                   throttled=host.throttled_s),
                                           step.request_ids))
             del self.steps[:-256]
 
@@ -253,6 +262,16 @@ class WorkerSteps:
                 self.queued_last = self.run_queue.seconds()
                 if self.queued_last is not None:
                     step.queued += self.queued_last - queued
+
+    def host_since_last(self) -> HostReading:
+        """Major faults, steal and throttling since the previous timed step (the first: none)."""
+        now = self.host.read()
+        last, self.host_last = self.host_last, now
+        if last is None:
+            return HostReading()
+        return HostReading(max(0, now.major_faults - last.major_faults),
+                           max(0.0, now.steal_s - last.steal_s),
+                           max(0.0, now.throttled_s - last.throttled_s))
 
     def queued_since_last(self) -> float:
         """The worker thread's run-queue wait since its previous step began or ended (waking up
@@ -300,7 +319,8 @@ def wrap_execute_model(part: WorkerSteps, call: Callable[..., Any], instance: An
     ids = part._prefill_ids(scheduler_output)
     if not ids:
         return part.attach(call(*args, **kwargs))
-    step = _OpenStep(time.monotonic(), queued_before=before, request_ids=ids)
+    step = _OpenStep(time.monotonic(), queued_before=before, request_ids=ids,
+                     host=part.host_since_last())
     output = part.timed(call, args, kwargs, step)
     part.open = step
     if output is not None:  # the step's output is here: no sample_tokens call follows
