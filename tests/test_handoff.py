@@ -27,7 +27,7 @@ from otel_ttft.runtime.hooks.request.payload import (
 def test_engine_core_stamps_the_hand_off_of_the_step_its_worker_began_after_it():
     core = engine.EngineRequests()
     core.noted["a"] = EnginePayload(1.0, 0, 0, 1, 2)
-    core.handed = 2.0
+    core.handed = [2.0, 3.5]  # the next step was handed before this one's output was in
     late = StepTime(3.0, 3.01, wall=0.01, cpu=0.01)  # began 1 s after the hand-off
     earlier = StepTime(1.5, 1.6, wall=0.1, cpu=0.1)  # began before it: another hand-off's
     core.charge_steps([PrefillStep(late, ["a"]), PrefillStep(earlier, ["a"])], received=3.02)

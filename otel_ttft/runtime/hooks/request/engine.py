@@ -55,12 +55,15 @@ class EngineRequests:
         self.own_admission_times = False
         self.run_queue = RunQueueClock()  # EngineCore's thread: its wait for a CPU
         self.step_start: tuple[float, float] | None = None  # (monotonic, run-queue s) at schedule
-        self.handed = 0.0  # when the latest step was handed to the workers (schedule returned)
+        # when the latest steps were handed to the workers (schedule returned), oldest first:
+        # with async scheduling the next step is handed before the last one's output is in
+        self.handed: list[float] = []
 
     def close(self) -> None:
         self.run_queue.close()
         self.noted.clear()
         self.step_start = None
+        self.handed.clear()
 
     def arrived(self, rid: str, entry: EnginePayload) -> None:
         if len(self.noted) >= _MAX_TRACKED:
@@ -109,14 +112,21 @@ class EngineRequests:
                     st.engine_waits.append(wait)
         return mark
 
+    def hand_off(self) -> None:
+        """A step goes to the workers now (while some request waits for its first token)."""
+        self.handed.append(time.monotonic())
+        del self.handed[:-8]
+
     def charge_steps(self, timed: list[PrefillStep], received: float = 0.0) -> None:
         """Each timed step goes to the requests whose prefill it ran (and still wait for their
         first token), with the hand-off's two stamps on EngineCore's side: when it handed the
         step over (if the worker began it after that) and when it had the output."""
-        handed = self.handed
         for step in timed:
             time_ = step.time
-            if handed and time_.start >= handed and (not received or received >= time_.end):
+            # the latest hand-off before the worker began: never earlier than the step's own
+            # (a late step's gap may read short, never long)
+            handed = max((h for h in self.handed if h <= time_.start), default=0.0)
+            if handed and (not received or received >= time_.end):
                 time_ = msgspec.structs.replace(time_, handed=handed, received=received)
             for rid in step.request_ids:
                 st = self.noted.get(rid)
@@ -154,7 +164,7 @@ def wrap_prefix_lookup(part: EngineRequests, call: Any, instance: Any, args: tup
     return call(*args, **kwargs)
 
 
-# --- Scheduler.schedule: admission times, only when vLLM records no events -----------------------
+# --- Scheduler.schedule: the hand-off to the workers; admission times when vLLM records none ------
 
 def wrap_schedule(part: EngineRequests, call: Any, instance: Any, args: tuple,
                   kwargs: dict) -> Any:
@@ -165,11 +175,11 @@ def wrap_schedule(part: EngineRequests, call: Any, instance: Any, args: tuple,
         part.step_start = part.run_queue_mark()
     if instance.log_stats or not part.own_admission_times:
         out = call(*args, **kwargs)  # vLLM stamps the events itself
-        part.handed = time.monotonic()  # the step goes to the workers now
+        part.hand_off()  # the step goes to the workers now
         return out
     scheduled_at = time.monotonic()  # what vLLM stamps its SCHEDULED events with
     out = call(*args, **kwargs)
-    part.handed = time.monotonic()
+    part.hand_off()
     ids = [r.req_id for r in out.scheduled_new_reqs]
     ids.extend(out.scheduled_cached_reqs.resumed_req_ids)
     for rid in ids:
@@ -226,6 +236,7 @@ def wrap_update_from_output(part: EngineRequests, call: Any, instance: Any, args
             out.trace_headers = headers
     if not noted:
         part.step_start = None
+        part.handed.clear()
     return outputs
 
 
