@@ -218,3 +218,29 @@ def test_the_rank_skew_alert_test_fails_when_the_rule_never_fires(tmp_path):
                              str(copy / "tests" / "otel-ttft-ranks.test.yml")],
                             capture_output=True, text=True, timeout=120)
     assert broken.returncode != 0 and "OtelTtftRankSkew" in broken.stdout + broken.stderr
+
+
+def test_replay_serves_several_workers_through_its_templates(receiver, monkeypatch, capsys,
+                                                             tiny_model):
+    """``replay --tensor-parallel-size 2``: vLLM's own flag on the default serve templates, and so
+    in the setup ``verify`` re-runs; a template of the user's own is left as given."""
+    from otel_ttft.tools import cli
+    from otel_ttft.tools.replay import command
+
+    ran: list[dict] = []
+    monkeypatch.setattr(command, "_run", lambda driver, targets, *a, **kw: ran.append(
+        {"targets": targets, "setup": kw["setup"]}) or 0)
+    own = ("{instrument} {python} -m vllm.entrypoints.openai.api_server --model {model} "
+           "--port {port}")
+    assert cli.main(["replay", "--otlp-endpoint", receiver.http_endpoint, "--model-a",
+                     str(tiny_model), "--model-b", str(tiny_model), "--name-a", "a",
+                     "--name-b", "b", "--scenarios", "short-prompt,cold-switch",
+                     "--tensor-parallel-size", "2", "--serve-b", own]) == 0
+    (run,) = ran
+    a, b = run["targets"]
+    assert a.template.endswith(" --tensor-parallel-size 2")
+    assert b.template == own
+    recorded = {t["name"]: t["template"] for t in run["setup"]["targets"]}
+    assert recorded["a"].endswith(" --tensor-parallel-size 2")
+    assert cli.main(["replay", "--tensor-parallel-size", "0"]) == 2
+    assert "--tensor-parallel-size: must be >= 1" in capsys.readouterr().err
