@@ -244,3 +244,28 @@ def test_replay_serves_several_workers_through_its_templates(receiver, monkeypat
     assert recorded["a"].endswith(" --tensor-parallel-size 2")
     assert cli.main(["replay", "--tensor-parallel-size", "0"]) == 2
     assert "--tensor-parallel-size: must be >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.vllm_import
+def test_doctor_says_how_many_workers_the_serve_arguments_start(tiny_model):
+    """vLLM's own config for the arguments given: 2 workers at --tensor-parallel-size 2, one
+    without; the rank hooks resolve against the installed vLLM."""
+    import json
+    import os
+    import sys
+
+    def doctor(*serve_args):
+        proc = subprocess.run([sys.executable, "-m", "otel_ttft.tools.doctor", "--json", "--",
+                               "--model", str(tiny_model), *serve_args],
+                              capture_output=True, text=True, env=dict(os.environ), timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        text = proc.stdout
+        return json.loads(text[text.index("\n{") + 1 if not text.startswith("{") else 0:])
+
+    report = doctor("--tensor-parallel-size", "2")
+    workers = report["model_runner"]["workers"]
+    assert (workers["workers"], workers["per_engine"], workers["tensor_parallel_size"]) == \
+        (2, 2, 2)
+    hooks = {h["name"]: h["resolved"] for h in report["hooks"]}
+    assert hooks["ranks.worker"] and hooks["ranks.group"] and hooks["ranks.rendezvous"]
+    assert doctor()["model_runner"]["workers"]["workers"] == 1
