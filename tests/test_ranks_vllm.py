@@ -1,8 +1,10 @@
 """An engine with two workers (vLLM's CPU build, ``--tensor-parallel-size 2``, one core a rank),
 exported over OTLP to the project's receiver: every worker span and stage metric says which
 rank it is; two ordinary starts name no rank; a third, with weight loading made slow in rank 1
-only, is named by the live verdict and by ``analyze`` with that rank, its stage and its skew;
-each activation's stage sums stay within its wall time. Each start costs about 30-40 s here."""
+only, is named by the live verdict and by ``analyze`` with that rank, its stage and its skew; a
+fourth, with rank 1's device init made slow before vLLM's distributed rendezvous (rank 0 waits
+for it there), names rank 1's device init, not rank 0's wait; each activation's stage sums stay
+within its wall time. Each start costs 30-70 s here."""
 
 from __future__ import annotations
 
@@ -111,11 +113,26 @@ def test_slowest_rank_is_named(receiver, tiny_model, tmp_path):
     receiver.wait_for_spans(skew_points, 30)
     assert skew_points(None)[-1]["attributes"][semconv.ATTR_PARALLEL_RANK] == 1
 
-    # analyze's reading of the same traces: the third start gated by rank 1 in load, the
-    # ordinary ones by no rank.
+    # 4. Rank 1's device init made slow before the rendezvous: rank 0 waits for it inside its
+    # own Init device ("Wait for other ranks"); the start is rank 1's device init.
+    plant = plugin_dir(tmp_path, "rank1_device")
+    slow_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(plant),
+                                                          os.environ.get("PYTHONPATH")]))
+    fourth, ready4, _log = _start(receiver, tiny_model, tmp_path, "fourth", history, seen,
+                                  slow_env)
+    attrs4 = ready4["attributes"]
+    assert attrs4[semconv.ATTR_VERDICT_RANK] == 1, attrs4[semconv.ATTR_VERDICT_SUMMARY]
+    assert attrs4[semconv.ATTR_VERDICT_RANK_STAGE] == semconv.STAGE_WARMUP_DEVICE_INIT, \
+        attrs4[semconv.ATTR_VERDICT_SUMMARY]
+    assert "its device" in attrs4[semconv.ATTR_VERDICT_SUMMARY]
+
+    # analyze's reading of the same traces: the third start gated by rank 1 in load, the fourth
+    # in device init, the ordinary ones by no rank.
     collected = collect([receiver.store.spans()])
     gated = analyze_activations.gated(collected.activations)
-    assert [g["trace_id"] for g in gated] == [third.trace_id], gated
+    assert [g["trace_id"] for g in gated] == [third.trace_id, fourth.trace_id], gated
+    assert (gated[1]["rank_gate"]["rank"], gated[1]["rank_gate"]["stage"]) == \
+        (1, semconv.STAGE_WARMUP_DEVICE_INIT)
     assert gated[0]["rank_gate"]["rank"] == 1
     assert gated[0]["rank_gate"]["stage"] == semconv.STAGE_LOAD
     assert gated[0]["rank_gate"]["skew_s"] == pytest.approx(attrs[semconv.ATTR_VERDICT_RANK_SKEW_S],

@@ -11,6 +11,10 @@ machine alike the planted step outweighs the three processes' imports, as a larg
 - ``rank1_load``: in the worker of rank 1 only (vLLM names its process ``VllmWorker-1``), vLLM's
   weight loading (``DefaultModelLoader.get_all_weights``, inside its "Load weights" span) sleeps
   FACTOR times the process's age first: one rank whose checkpoint reads were slow.
+- ``rank1_device``: in the worker of rank 1 only, vLLM's CPU device init (where
+  ``CPUWorker.init_device`` asks the platform for its CPU architecture, before vLLM's distributed
+  rendezvous) sleeps FACTOR times the process's age: one rank whose device was slow to come up,
+  the other waiting for it at the rendezvous.
 - ``profile``: vLLM's CPU memory probe, where the profile run calls it, sleeps FACTOR times the
   process's age (its interpreter start and imports), whatever the settings: a start-up cost no
   vLLM setting removes.
@@ -100,6 +104,21 @@ def register():
         time.sleep(factor * _age())
         return inner(*args, **kwargs)
     dl.DefaultModelLoader.get_all_weights = get_all_weights
+''',
+    "rank1_device": _COMMON + '''
+
+def register():
+    import multiprocessing
+
+    if multiprocessing.current_process().name != "VllmWorker-1":
+        return
+    from vllm.platforms import current_platform
+
+    if getattr(current_platform, "_ttft_test_planted", False):
+        return
+    current_platform._ttft_test_planted = True
+    current_platform.get_cpu_architecture = _slow(current_platform.get_cpu_architecture,
+                                                  "init_device")
 ''',
 }
 
