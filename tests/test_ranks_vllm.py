@@ -116,8 +116,9 @@ def test_slowest_rank_is_named(receiver, tiny_model, tmp_path):
     # 4. Rank 1's device init made slow before the rendezvous: rank 0 waits for it inside its
     # own Init device ("Wait for other ranks"); the start is rank 1's device init.
     plant = plugin_dir(tmp_path, "rank1_device")
-    slow_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(plant),
-                                                          os.environ.get("PYTHONPATH")]))
+    slow_env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(plant),
+                                                            os.environ.get("PYTHONPATH")])),
+                "TTFT_TEST_FACTOR": "0.3"}
     fourth, ready4, _log = _start(receiver, tiny_model, tmp_path, "fourth", history, seen,
                                   slow_env)
     attrs4 = ready4["attributes"]
