@@ -269,3 +269,17 @@ def test_doctor_says_how_many_workers_the_serve_arguments_start(tiny_model):
     hooks = {h["name"]: h["resolved"] for h in report["hooks"]}
     assert hooks["ranks.worker"] and hooks["ranks.group"] and hooks["ranks.rendezvous"]
     assert doctor()["model_runner"]["workers"]["workers"] == 1
+
+
+def test_analyze_leaves_out_ranks_no_worker_has():
+    from otel_ttft.tools.analysis.breakdown import collect
+
+    spans = _trace("3" * 32, 16.3)
+    for span in spans[1:]:
+        if span["attributes"][semconv.ATTR_PARALLEL_RANK] == 1:
+            span["attributes"][semconv.ATTR_PARALLEL_RANK] = -1  # or a string, a bool, 2**80
+    spans[2]["attributes"][semconv.ATTR_PARALLEL_RANK] = "0"
+    spans[3]["attributes"][semconv.ATTR_PARALLEL_RANK] = True
+    spans[4]["attributes"][semconv.ATTR_PARALLEL_RANK] = 2 ** 80
+    (summary,) = collect([spans]).activations
+    assert summary.rank_gate is None and summary.rank_skews == {}  # one valid rank left

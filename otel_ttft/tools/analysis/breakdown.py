@@ -255,7 +255,8 @@ def _activation(root: SpanNode) -> ActivationSummary:
             stack.extend(reversed(node.children))
         attrs = node.attributes
         rank = _int(attrs.get(semconv.ATTR_PARALLEL_RANK))
-        if rank is not None and node.stage is not None and node.end_ns > node.start_ns:
+        if rank is not None and 0 <= rank < 1 << 31 and node.stage is not None \
+                and node.end_ns > node.start_ns:
             ranked.append(ranks.RankedInterval(
                 node.start_ns, node.end_ns, node.stage, rank,
                 wait=attrs.get(semconv.ATTR_PARALLEL_WAIT) is True))
