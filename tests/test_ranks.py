@@ -283,3 +283,23 @@ def test_analyze_leaves_out_ranks_no_worker_has():
     spans[4]["attributes"][semconv.ATTR_PARALLEL_RANK] = 2 ** 80
     (summary,) = collect([spans]).activations
     assert summary.rank_gate is None and summary.rank_skews == {}  # one valid rank left
+
+
+def test_analyze_prints_the_gated_start_and_its_document_validates():
+    import io
+    import json
+
+    from otel_ttft.tools.analysis.analyze import analyze
+    from otel_ttft.tools.analysis.breakdown import collect
+    from otel_ttft.tools.analysis.contract import parse_analysis
+    from otel_ttft.tools.analysis.render import print_analysis
+
+    doc = analyze(collect([_trace("1" * 32, 1.3), _trace("2" * 32, 16.3)]), source="test")
+    out = io.StringIO()
+    print_analysis(doc, out)
+    text = out.getvalue()
+    assert "Starts along their slowest worker rank" in text
+    assert "start 22222222 of m (30.00 s): rank 1 gated the start: load 16.2 s" in text
+    parsed = parse_analysis(json.dumps(doc))
+    (gated,) = parsed.gated_activations
+    assert (gated.rank_gate.rank, gated.rank_gate.stage) == (1, semconv.STAGE_LOAD)
