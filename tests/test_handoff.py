@@ -100,3 +100,17 @@ def test_the_host_readings_come_from_this_machine():
         steal_ticks = int(f.readline().split()[8])
     assert second.steal_s == pytest.approx(steal_ticks / 100, abs=5.0)  # USER_HZ 100 here
     assert second.throttled_s >= 0.0
+
+
+def test_engine_cores_own_wait_read_from_the_hand_off_is_one_wait_caused_by_its_run_queue():
+    """EngineCore's thread starved after the worker's output left: its run-queue delay and the
+    hand-off back read the same wait, counted once (the longer), caused by the run queue."""
+    from otel_ttft.runtime.hooks.request.payload import EngineWait
+
+    step = StepTime(10.01, 10.03, wall=0.02, cpu=0.02, handed=10.0, received=11.1)
+    eng = EnginePayload(9.0, 0, 0, 1, 2, steps=[step],
+                        engine_waits=[EngineWait(9.99, 11.12, queued=0.95)])
+    (wait,) = named_waits(eng, scheduled=9.99)
+    assert wait.seconds == pytest.approx(1.07 + 0.01, abs=1e-6)  # the hand-off: 10.03 -> 11.1
+    assert wait.evidence[semconv.ATTR_WAIT_CAUSE] == semconv.WAIT_CAUSE_RUN_QUEUE
+    assert wait.evidence[semconv.ATTR_ENGINE_QUEUED_SECONDS] == 0.95

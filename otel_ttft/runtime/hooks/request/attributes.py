@@ -156,6 +156,8 @@ def named_waits(eng: EnginePayload | None, scheduled: float | None = None) -> li
         for i in inside:
             evidence.update(worker[i][1].evidence)
         seconds = min(max(queued, mine), e.end - e.start)
+        if queued >= seconds / 2:  # EngineCore's thread waited for a CPU: the worker did not
+            evidence[semconv.ATTR_WAIT_CAUSE] = semconv.WAIT_CAUSE_RUN_QUEUE
         start = worker[inside[0]][1].start if mine >= queued else e.end - seconds
         out.append(Wait(start, seconds, evidence))
     out += [w for i, (_, w) in enumerate(worker) if i not in used]
