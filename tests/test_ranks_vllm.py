@@ -3,8 +3,9 @@ exported over OTLP to the project's receiver: every worker span and stage metric
 rank it is; two ordinary starts name no rank; a third, with weight loading made slow in rank 1
 only, is named by the live verdict and by ``analyze`` with that rank, its stage and its skew; a
 fourth, with rank 1's device init made slow before vLLM's distributed rendezvous (rank 0 waits
-for it there), names rank 1's device init, not rank 0's wait; each activation's stage sums stay
-within its wall time. Each start costs 30-70 s here."""
+for it there), names rank 1's device init, not rank 0's wait; a fifth, rank 1's KV-cache
+allocation made slow, names rank 1's KV allocation; each activation's stage sums stay within its
+wall time. Each start costs 25-70 s here."""
 
 from __future__ import annotations
 
@@ -127,13 +128,25 @@ def test_slowest_rank_is_named(receiver, tiny_model, tmp_path):
         attrs4[semconv.ATTR_VERDICT_SUMMARY]
     assert "its device" in attrs4[semconv.ATTR_VERDICT_SUMMARY]
 
+    # 5. Rank 1's KV-cache allocation made slow.
+    slow_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(plugin_dir(tmp_path, "rank1_kv")),
+                                                          os.environ.get("PYTHONPATH")]))
+    fifth, ready5, _log = _start(receiver, tiny_model, tmp_path, "fifth", history, seen,
+                                 slow_env)
+    attrs5 = ready5["attributes"]
+    assert attrs5[semconv.ATTR_VERDICT_RANK] == 1, attrs5[semconv.ATTR_VERDICT_SUMMARY]
+    assert attrs5[semconv.ATTR_VERDICT_RANK_STAGE] == semconv.STAGE_WARMUP_KV_ALLOC, \
+        attrs5[semconv.ATTR_VERDICT_SUMMARY]
+    assert "its device memory" in attrs5[semconv.ATTR_VERDICT_SUMMARY]
+
     # analyze's reading of the same traces: the third start gated by rank 1 in load, the fourth
-    # in device init, the ordinary ones by no rank.
+    # in device init, the fifth in KV allocation, the ordinary ones by no rank.
     collected = collect([receiver.store.spans()])
     gated = analyze_activations.gated(collected.activations)
-    assert [g["trace_id"] for g in gated] == [third.trace_id, fourth.trace_id], gated
-    assert (gated[1]["rank_gate"]["rank"], gated[1]["rank_gate"]["stage"]) == \
-        (1, semconv.STAGE_WARMUP_DEVICE_INIT)
+    assert [g["trace_id"] for g in gated] == [third.trace_id, fourth.trace_id,
+                                              fifth.trace_id], gated
+    assert [(g["rank_gate"]["rank"], g["rank_gate"]["stage"]) for g in gated[1:]] == \
+        [(1, semconv.STAGE_WARMUP_DEVICE_INIT), (1, semconv.STAGE_WARMUP_KV_ALLOC)]
     assert gated[0]["rank_gate"]["rank"] == 1
     assert gated[0]["rank_gate"]["stage"] == semconv.STAGE_LOAD
     assert gated[0]["rank_gate"]["skew_s"] == pytest.approx(attrs[semconv.ATTR_VERDICT_RANK_SKEW_S],

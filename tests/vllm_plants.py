@@ -15,6 +15,9 @@ machine alike the planted step outweighs the three processes' imports, as a larg
   ``CPUWorker.init_device`` asks the platform for its CPU architecture, before vLLM's distributed
   rendezvous) sleeps FACTOR times the process's age: one rank whose device was slow to come up,
   the other waiting for it at the rendezvous.
+- ``rank1_kv``: in the worker of rank 1 only, the CPU model runner's KV-cache allocation
+  (``CPUModelRunner.initialize_kv_cache``, inside vLLM's "Allocate KV cache") sleeps FACTOR
+  times the process's age first.
 - ``profile``: vLLM's CPU memory probe, where the profile run calls it, sleeps FACTOR times the
   process's age (its interpreter start and imports), whatever the settings: a start-up cost no
   vLLM setting removes.
@@ -119,6 +122,27 @@ def register():
     current_platform._ttft_test_planted = True
     current_platform.get_cpu_architecture = _slow(current_platform.get_cpu_architecture,
                                                   "init_device")
+''',
+    "rank1_kv": _COMMON + '''
+
+def register():
+    import multiprocessing
+
+    if multiprocessing.current_process().name != "VllmWorker-1":
+        return
+    from vllm.v1.worker import cpu_model_runner as cmr
+
+    runner = cmr.CPUModelRunner
+    if getattr(runner, "_ttft_test_planted", False):
+        return
+    runner._ttft_test_planted = True
+    inner = runner.initialize_kv_cache
+    factor = float(os.environ["TTFT_TEST_FACTOR"])
+
+    def initialize_kv_cache(self, *args, **kwargs):
+        time.sleep(factor * _age())
+        return inner(self, *args, **kwargs)
+    runner.initialize_kv_cache = initialize_kv_cache
 ''',
 }
 
