@@ -23,7 +23,10 @@ Contention: a step that runs some request's prefill on a CPU worker is timed twi
 clock and on the worker thread's CPU clock (``time.thread_time()``), over ``Worker.execute_model``
 and the step's ``Worker.sample_tokens`` (both run on the worker's main thread). Their difference
 is time the worker wanted a CPU and had none (another process on its cores, the process stopped).
-It ships as a :class:`payload.StepTime` per step with the ids of the requests it prefilled. On a
+With it go the worker's major faults, the host's steal time and its cgroup's throttling since its
+previous timed step (``hostwait``): why a step began late, when EngineCore's hand-off stamps
+(``engine``) show that it did. It ships as a :class:`payload.StepTime` per step with the ids of
+the requests it prefilled. On a
 GPU the thread blocks on the device by design, so there the two clocks say nothing about
 contention and no step is timed. Per step with no prefill in it: two truth tests.
 """
