@@ -115,11 +115,14 @@ def test_slowest_rank_is_named(receiver, tiny_model, tmp_path):
     assert skew_points(None)[-1]["attributes"][semconv.ATTR_PARALLEL_RANK] == 1
 
     # 4. Rank 1's device init made slow before the rendezvous: rank 0 waits for it inside its
-    # own Init device ("Wait for other ranks"); the start is rank 1's device init.
+    # own Init device ("Wait for other ranks"); the start is rank 1's device init. The delay
+    # (1.5 x the worker's age, 12-20 s) outweighs how far apart the two ranks' imports come out
+    # on this shared machine (up to 5.5 s seen): a delay that the other rank's lateness hides is
+    # off the start's critical path, and rightly named by no one.
     plant = plugin_dir(tmp_path, "rank1_device")
     slow_env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(plant),
                                                             os.environ.get("PYTHONPATH")])),
-                "TTFT_TEST_FACTOR": "0.3"}
+                "TTFT_TEST_FACTOR": "1.5"}
     fourth, ready4, _log = _start(receiver, tiny_model, tmp_path, "fourth", history, seen,
                                   slow_env)
     attrs4 = ready4["attributes"]
@@ -128,7 +131,8 @@ def test_slowest_rank_is_named(receiver, tiny_model, tmp_path):
         attrs4[semconv.ATTR_VERDICT_SUMMARY]
     assert "its device" in attrs4[semconv.ATTR_VERDICT_SUMMARY]
 
-    # 5. Rank 1's KV-cache allocation made slow.
+    # 5. Rank 1's KV-cache allocation made slow (0.3 x its age: 7-10 s).
+    slow_env["TTFT_TEST_FACTOR"] = "0.3"
     slow_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(plugin_dir(tmp_path, "rank1_kv")),
                                                           os.environ.get("PYTHONPATH")]))
     fifth, ready5, _log = _start(receiver, tiny_model, tmp_path, "fifth", history, seen,
