@@ -237,10 +237,7 @@ class LiveVerdict:
             return
         if judged.vocab_note:
             result["vocabulary_note"] = judged.vocab_note
-        now = clock.now_ns()
-        parent = trace.set_span_in_context(trace.NonRecordingSpan(judged.span_context))
-        spans.emit_span(semconv.SPAN_ACTIVATION_VERDICT, now, now, context=parent,
-                        attributes=attributes(result), tracer=self._tracer)
+        # the log line and the gauges first, the span last: whoever sees the span finds them
         self._latest = _report(result, judged.trace_hex)
         self._note_skews(judged)
         if self._feed is None:
@@ -249,6 +246,10 @@ class LiveVerdict:
                 description="The blamed stage's increase over the earlier activations of its "
                             "model on this host, in this server's latest verdict (labels: "
                             "stage, fix, outcome)")
+        now = clock.now_ns()
+        parent = trace.set_span_in_context(trace.NonRecordingSpan(judged.span_context))
+        spans.emit_span(semconv.SPAN_ACTIVATION_VERDICT, now, now, context=parent,
+                        attributes=attributes(result), tracer=self._tracer)
 
     def _note_skews(self, judged: _Judged) -> None:
         """The rank-skew gauge: each stage's skew among the workers in this activation."""
