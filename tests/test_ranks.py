@@ -146,16 +146,18 @@ def test_check_names_a_start_a_rank_gated_where_the_baseline_had_none():
 def test_the_rank_part_tags_spans_and_labels_metrics(exporter):
     from opentelemetry import trace
 
+    from otel_ttft.runtime.state import ProcessIdentity
     from otel_ttft.runtime.telemetry import spans
 
     tracer = trace.get_tracer("otel_ttft")  # the process-wide provider ``exporter`` reads
+    identity = ProcessIdentity()
     part = rank_state.RankState()
     try:
-        with spans.stage_span("before", semconv.STAGE_WARMUP, tracer=tracer):
+        with spans.stage_span("before", semconv.STAGE_WARMUP, tracer=tracer, identity=identity):
             pass
         part.note(rank=1, world_size=2, tp_size=2, pp_size=1, dp_rank=0, dp_size=1)
         part.note(tp_rank=1, pp_rank=0, rank=None)  # None: what is not known stays as it was
-        with spans.stage_span("after", semconv.STAGE_WARMUP, tracer=tracer):
+        with spans.stage_span("after", semconv.STAGE_WARMUP, tracer=tracer, identity=identity):
             pass
         assert rank_state.metric_labels() == {
             semconv.ATTR_PARALLEL_RANK: 1, semconv.ATTR_PARALLEL_TP_RANK: 1,

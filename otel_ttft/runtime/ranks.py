@@ -51,6 +51,7 @@ class RankState:
         global _open
         self.ranks: Ranks | None = None
         self.tracer = getattr(process_state, "tracer", None)  # the rendezvous span's
+        self.identity = getattr(process_state, "identity", None)
         _open = self
 
     def note(self, **known: int | None) -> Ranks:

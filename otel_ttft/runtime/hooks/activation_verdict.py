@@ -105,6 +105,7 @@ class LiveVerdict:
     def __init__(self, process_state: Any):
         self._config = process_state.config
         self._tracer = process_state.tracer
+        self._identity = process_state.identity
         self._preload: _Preload | None = None
         self._judged: _Judged | None = None
         self._latest: dict | None = None  # the gauge's observation: value and labels
@@ -241,7 +242,7 @@ class LiveVerdict:
         self._latest = _report(result, judged.trace_hex)
         self._note_skews(judged)
         if self._feed is None:
-            self._feed = metrics.observable_gauge(
+            self._feed = metrics.observable(
                 self._config, semconv.METRIC_ACTIVATION_VERDICT, self._observe, unit="s",
                 description="The blamed stage's increase over the earlier activations of its "
                             "model on this host, in this server's latest verdict (labels: "
@@ -249,7 +250,8 @@ class LiveVerdict:
         now = clock.now_ns()
         parent = trace.set_span_in_context(trace.NonRecordingSpan(judged.span_context))
         spans.emit_span(semconv.SPAN_ACTIVATION_VERDICT, now, now, context=parent,
-                        attributes=attributes(result), tracer=self._tracer)
+                        attributes=attributes(result), tracer=self._tracer,
+                        identity=self._identity)
 
     def _note_skews(self, judged: _Judged) -> None:
         """The rank-skew gauge: each stage's skew among the workers in this activation."""
@@ -263,7 +265,7 @@ class LiveVerdict:
             **({semconv.GEN_AI_REQUEST_MODEL: model} if model else {})})
             for stage, v in skews.items()]
         if self._skew_feed is None:
-            self._skew_feed = metrics.observable_gauge(
+            self._skew_feed = metrics.observable(
                 self._config, semconv.METRIC_ACTIVATION_RANK_SKEW, self._observe_skews,
                 unit="s", description="In this server's latest activation, per start-up stage: "
                                       "the slowest worker rank's time less the fastest's "

@@ -63,11 +63,12 @@ def _wrap_rendezvous(part: ranks.RankState, call, instance, args, kwargs):
     here until every rank has arrived; a span marked as that wait, so the slow rank's time is
     not read as this one's device init."""
     world = _int(args[0] if args else kwargs.get("world_size"))
-    if part.tracer is None or world is None or world < 2 \
+    if part.tracer is None or part.identity is None or world is None or world < 2 \
             or not trace.get_current_span().is_recording():
         return call(*args, **kwargs)
     with spans.stage_span(semconv.SPAN_RANK_RENDEZVOUS, semconv.STAGE_WARMUP_DEVICE_INIT,
-                          attributes={semconv.ATTR_PARALLEL_WAIT: True}, tracer=part.tracer):
+                          attributes={semconv.ATTR_PARALLEL_WAIT: True}, tracer=part.tracer,
+                          identity=part.identity):
         return call(*args, **kwargs)
 
 
