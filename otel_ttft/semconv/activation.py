@@ -55,10 +55,23 @@ ATTR_GRAPH_COUNT = "ttft.graph.count"  # on Capture model: CUDA graphs captured
 ATTR_GRAPH_BATCH_SIZES = "ttft.graph.batch_sizes"  # on Capture model: the batch sizes captured
 #: on Capture model: device memory the graphs took
 ATTR_GRAPH_MEMORY_BYTES = "ttft.graph.memory_bytes"
-ATTR_KV_BLOCKS = "ttft.kv.blocks"  # on Allocate KV cache: KV blocks
-ATTR_KV_BLOCK_SIZE = "ttft.kv.block_size"  # on Allocate KV cache: tokens per block
-ATTR_KV_BYTES = "ttft.kv.bytes"  # on Allocate KV cache: bytes allocated
-ATTR_KV_TOKEN_CAPACITY = "ttft.kv.token_capacity"  # on Allocate KV cache: tokens the cache holds
+ATTR_KV_BLOCKS = "ttft.kv.blocks"  # on Allocate KV cache: blocks in the pool every group draws from
+ATTR_KV_BLOCK_SIZE = "ttft.kv.block_size"  # on Allocate KV cache: tokens per block (smallest group)
+#: on Allocate KV cache: device bytes allocated, a backing buffer the groups share counted once
+ATTR_KV_BYTES = "ttft.kv.bytes"
+ATTR_KV_HOST_BYTES = "ttft.kv.host_bytes"  # on Allocate KV cache: HiSparse's host pool, once
+#: on Allocate KV cache: tokens the cache holds, group-aware (vLLM's "KV cache size: N tokens")
+ATTR_KV_TOKEN_CAPACITY = "ttft.kv.token_capacity"
+#: on Allocate KV cache: max_model_len requests the pool holds at once (vLLM's "concurrency")
+ATTR_KV_MAX_CONCURRENCY = "ttft.kv.max_concurrency"
+ATTR_KV_GROUPS = "ttft.kv.groups"  # on Allocate KV cache: KV-cache groups (2+: a hybrid model)
+#: on Allocate KV cache, one entry per group in vLLM's order: its spec class (FullAttentionSpec,
+#: SlidingWindowSpec, MambaSpec, ...), its layers, its tokens per block, and the blocks one
+#: max_model_len request takes in it (a sliding window: its window, not the sequence)
+ATTR_KV_GROUP_SPECS = "ttft.kv.group.specs"
+ATTR_KV_GROUP_LAYERS = "ttft.kv.group.layers"
+ATTR_KV_GROUP_BLOCK_SIZES = "ttft.kv.group.block_sizes"
+ATTR_KV_GROUP_BLOCKS_PER_REQUEST = "ttft.kv.group.blocks_per_request"
 #: on Loading, Profile run, Allocate KV cache, Capture model: the model runner class that ran it
 #: (module.Class: V1 ``vllm.v1.worker.gpu_model_runner.GPUModelRunner``, V2
 #: ``vllm.v1.worker.gpu.model_runner.GPUModelRunner``, the CPU runners, ...)
