@@ -17,7 +17,7 @@ from otel_ttft.tools.tiny_model import HYBRID_WINDOW, ensure_tiny_hybrid_model
 
 pytestmark = [pytest.mark.vllm_import, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
-GIB = 1 << 30
+GIB, MIB = 1 << 30, 1 << 20
 MAX_MODEL_LEN, CHUNK = 2048, 256  # a window's blocks hold the window and one chunk
 LAYERS = ("model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn")
 
@@ -108,3 +108,62 @@ def test_the_layout_before_the_shared_buffer_is_one_allocation_per_tensor():
               NS(size=50, layer_stride=1, host_resident=True)]
     assert kv_layout.allocated_bytes(old) == (300, 0)
     assert kv_layout.allocated_bytes(shared) == (300, 50)
+
+
+# --- the change rules' memory advice, from the span our hook puts on the two-group allocation ---
+
+def _facts(attributes) -> dict:
+    from otel_ttft.diagnosis.record import FACT_ATTRIBUTES
+
+    return {name: attributes[key] for name, key in FACT_ATTRIBUTES.items() if key in attributes}
+
+
+@pytest.fixture
+def hybrid_facts(hybrid, exporter, hooks):
+    """The facts `change` sizes by, read from the "Allocate KV cache" span of the two-group
+    allocation (V1's hook on vLLM's real method), on an 8 GiB CUDA device."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner as V1
+
+    vllm_config, config = hybrid
+    hooks(warmup.KV_ALLOC)
+    runner = object.__new__(V1)
+    runner.vllm_config = vllm_config
+    with pytest.raises(AttributeError):
+        V1.initialize_kv_cache(runner, config)
+    (span,) = [s for s in exporter.get_finished_spans() if s.name == semconv.SPAN_KV_ALLOC]
+    return {**_facts(span.attributes), "model_bytes": 4 * MIB, "device_memory_bytes": 8 * GIB,
+            "host_memory_bytes": 8 * GIB, "device_type": "cuda"}
+
+
+def test_the_memory_advice_uses_the_bytes_allocated(hybrid, hybrid_facts):
+    from otel_ttft.tools.analysis import change, knobs
+    from otel_ttft.tools.analysis.breakdown import ActivationSummary
+    from tests.test_change import BASE, _row, _run, _verdict
+
+    vocab = knobs.vocabulary()
+    vllm_config, config = hybrid
+    acts = [ActivationSummary("t" + m, m, "start", 0, 1, [], facts=dict(hybrid_facts))
+            for m in ("A", "B")]
+    # the profile run: state the size it found, once
+    v = _verdict("cold-switch", "warmup", "warmup.profile", "persist-artifacts")
+    ch = change.propose(v, [_row("cold-switch", ttft=60, model="B",
+                                 subs={"warmup.profile": 30})], BASE, _run(), acts, vocab)
+    assert ch["candidates"][0]["args"] == ["--kv-cache-memory-bytes", str(GIB)]
+    # do both fit, and the resident servers' memory split: 1 GiB of KV each, not 2
+    v = _verdict("switch-back", "warmup", "warmup.process_start", "keep-resident")
+    ch = change.propose(v, [_row("switch-back", ttft=50, subs={"warmup.process_start": 30})],
+                        BASE, _run(), acts, vocab)
+    resident = ch["candidates"][0]
+    assert resident["id"] == "resident" and "A 1.00 GiB + B 1.00 GiB" in resident["reason"]
+    need = (GIB + 4 * MIB) * 1.25 / (8 * GIB)
+    assert resident["args"] == ["--gpu-memory-utilization", f"{-(-need * 100 // 1) / 100:.2f}"]
+    # the KV budget for 4 requests of 1,908 tokens: blocks in both groups, 16 KiB a block
+    v = _verdict("long-prompt", "warmup", "warmup.kv_alloc", "tune-admission")
+    rows = [_row("long-prompt", ttft=3, prompt="long", tokens=1900,
+                 subs={"warmup.kv_alloc": 2})] * 4
+    ch = change.propose(v, rows, BASE, _run(concurrency=4), acts, vocab)
+    sliding = config.kv_cache_groups[0].kv_cache_spec  # vLLM's count of a window's blocks
+    window = -(-sliding.max_memory_usage_bytes(vllm_config) // sliding.page_size_bytes)
+    per_block = GIB // config.num_blocks
+    assert ch["candidates"][0]["args"] == [
+        "--kv-cache-memory-bytes", str(4 * (-(-1908 // 16) + window) * per_block)]

@@ -69,6 +69,11 @@ ATTR_KV_GROUPS = "ttft.kv.groups"  # on Allocate KV cache: KV-cache groups (2+: 
 #: SlidingWindowSpec, MambaSpec, ...), its layers, its tokens per block, and the blocks one
 #: max_model_len request takes in it (a sliding window: its window, not the sequence)
 ATTR_KV_GROUP_SPECS = "ttft.kv.group.specs"
+#: on Allocate KV cache: groups whose blocks grow with the whole sequence (full attention), and
+#: the blocks one request takes in all the others together at most (windows, Mamba state): a
+#: request of T tokens takes about sequence_groups x ceil(T / block_size) + window blocks
+ATTR_KV_SEQUENCE_GROUPS = "ttft.kv.sequence_groups"
+ATTR_KV_WINDOW_BLOCKS = "ttft.kv.window_blocks_per_request"
 ATTR_KV_GROUP_LAYERS = "ttft.kv.group.layers"
 ATTR_KV_GROUP_BLOCK_SIZES = "ttft.kv.group.block_sizes"
 ATTR_KV_GROUP_BLOCKS_PER_REQUEST = "ttft.kv.group.blocks_per_request"

@@ -87,6 +87,11 @@ def kv_cache_attributes(kv_cache_config: Any, vllm_config: Any | None) -> dict[s
     if not per_request or None in per_request or not max_model_len:
         return attrs
     attrs[semconv.ATTR_KV_GROUP_BLOCKS_PER_REQUEST] = per_request
+    whole = [n == -(-int(max_model_len) // size) for n, size in zip(per_request, sizes,
+                                                                     strict=True)]
+    attrs[semconv.ATTR_KV_SEQUENCE_GROUPS] = sum(whole)
+    attrs[semconv.ATTR_KV_WINDOW_BLOCKS] = sum(n for n, w in zip(per_request, whole, strict=True)
+                                               if not w)
     device_need = sum(n for n, host in zip(per_request, on_host, strict=True) if not host)
     if device_need:
         concurrency = num_blocks / device_need
