@@ -9,8 +9,9 @@ runs from its ``safe_open`` to the opening of the next file (or the end of the i
 made once a tensor comes from it (a file all of whose tensors are skipped has none); its read
 seconds are the time spent inside vLLM's reader while it was open (header, ``get_tensor``, and
 the storage reads of each tensor's memory-mapped pages, faulted in before the tensor is handed
-on: ``pagecache.fault_in``), so ``read seconds`` and GB/s are the storage side, while the consumer's time (copying into
-parameters: host-to-device on a GPU) is reported separately as ``ttft.h2d.*`` by the totals on
+on: ``pagecache.fault_in``), so ``read seconds`` and GB/s are the storage side, while the
+consumer's time (copying into parameters: host-to-device on a GPU) is reported separately as
+``ttft.load.copy.seconds`` and ``ttft.h2d.*`` by the totals on
 ``Load weights``. The other load formats' readers are in ``formats``; the rest of "Load model"
 in ``finish``.
 """
