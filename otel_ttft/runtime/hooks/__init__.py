@@ -18,12 +18,13 @@ def all_hooks() -> list[Hook]:
         request,
         rpc,
         switch,
+        vllm_tracing,
         warmup,
     )
 
     return [*activation.HOOKS, *load.HOOKS, *warmup.HOOKS, *rpc.HOOKS, *switch.HOOKS,
             *fault.HOOKS, *request.HOOKS,
-            *first_use.HOOKS]
+            *first_use.HOOKS, *vllm_tracing.HOOKS]
 
 
 def all_parts() -> list[PartSpec]:
