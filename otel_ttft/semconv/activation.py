@@ -22,6 +22,9 @@ SPAN_LOADING_GPU = "Loading (GPU)"
 SPAN_LOADING_CPU = "Loading (CPU)"  # the same on a CPU (vLLM's on the V1 CPU runner)
 SPAN_SLEEP = "Sleep"  # EngineCore and worker sleep (sleep mode); ends when the sleep completes
 SPAN_WAKE_UP = "Wake up"  # EngineCore and worker wake-up from sleep (load.h2d)
+#: EngineCore's release_kv_cache_memory (POST /release_kv_cache_memory): switch.sleep
+SPAN_RELEASE_KV = "Release KV cache memory"
+SPAN_DISCARD = "Discard device memory"  # a worker's discard (of the KV cache): switch.sleep
 SPAN_ADAPTER_LOAD = "Load LoRA adapter"  # a LoRA adapter loaded for a request (under its Prefill)
 ATTR_PROCESS_KIND = "ttft.process.kind"  # on our spans and tagged vLLM spans: PROCESS_KINDS
 PROCESS_API_SERVER = "api_server"  # ttft.process.kind of the API server process
@@ -87,6 +90,15 @@ ATTR_MODEL_RUNNER_REASON = "ttft.model_runner.reason"
 #: on Sleep: vLLM's sleep level (1 offloads weights, 2 discards them)
 ATTR_SLEEP_LEVEL = "ttft.sleep.level"
 ATTR_WAKE_TAGS = "ttft.wake.tags"  # on Wake up: what was woken (weights, kv_cache), or all
+#: on a worker's Sleep and Discard device memory: device bytes copied to host memory to be kept
+#: (level 1's weights), and device bytes given back in all (kept or discarded), from vLLM's
+#: sleep allocator (CuMemAllocator) before and after
+ATTR_SLEEP_OFFLOADED_BYTES = "ttft.sleep.offloaded_bytes"
+ATTR_SLEEP_RELEASED_BYTES = "ttft.sleep.released_bytes"
+#: on a worker's Wake up: bytes copied back from host memory to the device (host-to-device), and
+#: device bytes mapped again in all (the rest comes back empty: KV cache, level 2's weights)
+ATTR_WAKE_RESTORED_BYTES = "ttft.wake.restored_bytes"
+ATTR_WAKE_MAPPED_BYTES = "ttft.wake.mapped_bytes"
 #: histogram, s (ACTIVATION_DURATION_BUCKETS_S), by ttft.stage and gen_ai.request.model: every
 #: start-up stage span (a family's value is its container span's total)
 METRIC_ACTIVATION_STAGE_DURATION = "ttft.activation.stage.duration"
@@ -101,7 +113,7 @@ ACTIVATION_DURATION_BUCKETS_S = (
 #: eviction, in the outgoing API server: its stop signal (or a sleep request) until its engine
 #: processes are gone (or asleep); its own trace, joined to a request by time
 SPAN_SWITCH = "vllm.switch"
-ATTR_SWITCH_REASON = "ttft.switch.reason"  # signal | sleep
+ATTR_SWITCH_REASON = "ttft.switch.reason"  # signal | sleep | release_kv_cache
 ATTR_SWITCH_SIGNAL = "ttft.switch.signal"  # SIGTERM | SIGINT
 ATTR_SWITCH_PROCESSES = "ttft.switch.processes"  # engine processes waited for
 ATTR_SWITCH_PROCESSES_LEFT = "ttft.switch.processes_left"  # still alive when the wait gave up
@@ -109,6 +121,8 @@ ATTR_SWITCH_RELEASED_BYTES = "ttft.switch.released_bytes"  # their resident memo
 ATTR_SWITCH_ENGINE_EXIT_S = "ttft.switch.engine_exit_seconds"  # signal -> engine processes gone
 SWITCH_REASON_SIGNAL = "signal"  # ttft.switch.reason: a stop signal (restart)
 SWITCH_REASON_SLEEP = "sleep"  # ttft.switch.reason: a sleep request
+#: ttft.switch.reason: POST /release_kv_cache_memory (the KV cache given back, weights kept)
+SWITCH_REASON_RELEASE_KV = "release_kv_cache"
 
 #: gauge, s, by ttft.stage and gen_ai.request.model: each stage in this process's latest
 #: activation (its longest span of that stage: for a family the outermost, for load.read the

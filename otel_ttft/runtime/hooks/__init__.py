@@ -17,12 +17,14 @@ def all_hooks() -> list[Hook]:
         load,
         request,
         rpc,
+        sleep,
         switch,
         vllm_tracing,
         warmup,
     )
 
     return [*activation.HOOKS, *load.HOOKS, *warmup.HOOKS, *rpc.HOOKS, *switch.HOOKS,
+            *sleep.HOOKS,
             *fault.HOOKS, *request.HOOKS,
             *first_use.HOOKS, *vllm_tracing.HOOKS]
 
@@ -38,6 +40,7 @@ def all_parts() -> list[PartSpec]:
         first_use,
         load,
         request,
+        sleep,
         switch,
         warmup,
     )
@@ -56,6 +59,7 @@ def all_parts() -> list[PartSpec]:
         PartSpec(fault.PART, fault.ChildDeaths),
         PartSpec(first_use.PART, first_use.FirstUse),
         PartSpec(switch.PART, switch.SwitchState),
+        PartSpec(sleep.PART, sleep.SleepState),
         # --- load path ---
         *load.PARTS,
         # --- request path ---
