@@ -39,7 +39,7 @@ def hybrid():
         model_config=ModelConfig(model=str(model), max_model_len=MAX_MODEL_LEN, dtype="float32"),
         scheduler_config=SchedulerConfig(max_model_len=MAX_MODEL_LEN, is_encoder_decoder=False,
                                          max_num_batched_tokens=CHUNK))
-    shape = {"block_size": 16, "num_kv_heads": 4, "head_size": 32, "dtype": torch.float32}
+    shape = {"block_size": 16, "num_kv_heads": 8, "head_size": 64, "dtype": torch.float32}
     specs = {LAYERS[0]: SlidingWindowSpec(**shape, sliding_window=HYBRID_WINDOW),
              LAYERS[1]: FullAttentionSpec(**shape)}
     layouts = [layout.name for layout in get_supported_kv_cache_layouts([])]

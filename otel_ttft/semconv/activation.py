@@ -69,16 +69,18 @@ ATTR_KV_TOKEN_CAPACITY = "ttft.kv.token_capacity"
 ATTR_KV_MAX_CONCURRENCY = "ttft.kv.max_concurrency"
 ATTR_KV_GROUPS = "ttft.kv.groups"  # on Allocate KV cache: KV-cache groups (2+: a hybrid model)
 #: on Allocate KV cache, one entry per group in vLLM's order: its spec class (FullAttentionSpec,
-#: SlidingWindowSpec, MambaSpec, ...), its layers, its tokens per block, and the blocks one
-#: max_model_len request takes in it (a sliding window: its window, not the sequence)
+#: SlidingWindowSpec, MambaSpec, ...)
 ATTR_KV_GROUP_SPECS = "ttft.kv.group.specs"
-#: on Allocate KV cache: groups whose blocks grow with the whole sequence (full attention), and
-#: the blocks one request takes in all the others together at most (windows, Mamba state): a
-#: request of T tokens takes about sequence_groups x ceil(T / block_size) + window blocks
+#: on Allocate KV cache: groups whose blocks grow with the whole sequence (full attention)
 ATTR_KV_SEQUENCE_GROUPS = "ttft.kv.sequence_groups"
+#: on Allocate KV cache: blocks one request takes at most in all the other groups together
+#: (windows, Mamba state): a request of T tokens takes about sequence_groups x ceil(T /
+#: block_size) + these
 ATTR_KV_WINDOW_BLOCKS = "ttft.kv.window_blocks_per_request"
-ATTR_KV_GROUP_LAYERS = "ttft.kv.group.layers"
-ATTR_KV_GROUP_BLOCK_SIZES = "ttft.kv.group.block_sizes"
+ATTR_KV_GROUP_LAYERS = "ttft.kv.group.layers"  # on Allocate KV cache, per group: its layers
+ATTR_KV_GROUP_BLOCK_SIZES = "ttft.kv.group.block_sizes"  # per group: its tokens per block
+#: on Allocate KV cache, per group: the blocks one max_model_len request takes in it (a sliding
+#: window: its window's, not the sequence's)
 ATTR_KV_GROUP_BLOCKS_PER_REQUEST = "ttft.kv.group.blocks_per_request"
 #: on Loading, Profile run, Allocate KV cache, Capture model: the model runner class that ran it
 #: (module.Class: V1 ``vllm.v1.worker.gpu_model_runner.GPUModelRunner``, V2
@@ -90,14 +92,16 @@ ATTR_MODEL_RUNNER_REASON = "ttft.model_runner.reason"
 #: on Sleep: vLLM's sleep level (1 offloads weights, 2 discards them)
 ATTR_SLEEP_LEVEL = "ttft.sleep.level"
 ATTR_WAKE_TAGS = "ttft.wake.tags"  # on Wake up: what was woken (weights, kv_cache), or all
-#: on a worker's Sleep and Discard device memory: device bytes copied to host memory to be kept
-#: (level 1's weights), and device bytes given back in all (kept or discarded), from vLLM's
-#: sleep allocator (CuMemAllocator) before and after
+#: on a worker's Sleep: device bytes copied to host memory to be kept (level 1's weights), from
+#: vLLM's sleep allocator (CuMemAllocator) before and after
 ATTR_SLEEP_OFFLOADED_BYTES = "ttft.sleep.offloaded_bytes"
+#: on a worker's Sleep and Discard device memory: device bytes given back in all (kept or
+#: discarded)
 ATTR_SLEEP_RELEASED_BYTES = "ttft.sleep.released_bytes"
-#: on a worker's Wake up: bytes copied back from host memory to the device (host-to-device), and
-#: device bytes mapped again in all (the rest comes back empty: KV cache, level 2's weights)
+#: on a worker's Wake up: bytes copied back from host memory to the device (host-to-device)
 ATTR_WAKE_RESTORED_BYTES = "ttft.wake.restored_bytes"
+#: on a worker's Wake up: device bytes mapped again in all (the rest comes back empty: KV cache,
+#: level 2's weights)
 ATTR_WAKE_MAPPED_BYTES = "ttft.wake.mapped_bytes"
 #: histogram, s (ACTIVATION_DURATION_BUCKETS_S), by ttft.stage and gen_ai.request.model: every
 #: start-up stage span (a family's value is its container span's total)

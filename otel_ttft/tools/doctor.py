@@ -33,7 +33,7 @@ from otel_ttft.runtime import history_storage
 from otel_ttft.runtime.hooks import all_hooks
 from otel_ttft.runtime.hooks.registry import resolve
 from otel_ttft.runtime.vllm_version import SUPPORTED, installed_vllm, is_supported
-from otel_ttft.tools import host, runner_choice
+from otel_ttft.tools import figures, host, runner_choice
 from otel_ttft.tools.analysis import knobs
 
 _ENTRY_POINT_GROUPS = ("opentelemetry_instrumentor", "vllm.general_plugins",
@@ -245,6 +245,7 @@ def render(report: dict[str, Any]) -> str:
                  f"protocol={e['protocol']} endpoint={e['endpoint'] or e['endpoint_source']} "
                  f"({reach})")
     lines.extend(_render_vllm_endpoint(report.get("vllm_otlp_traces_endpoint")))
+    lines.extend(figures.render())
     lines.extend(_render_verdict_history(report.get("verdict_history")))
     return "\n".join(lines)
 

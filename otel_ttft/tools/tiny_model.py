@@ -14,11 +14,12 @@ something to show. Built once per cache directory (seconds) and reused afterward
 - model B (``tiny-qwen2-v2``): Qwen2, 4 layers, hidden 192, grouped-query attention (2 KV heads),
   its own tokenizer: a switch A -> B changes weights, compiled graphs and the KV-cache layout.
 - two LoRA adapters for A (PEFT files), for the adapter-switch scenario.
-- a hybrid model (``tiny-llama-hybrid-v1``): A's shape, layer 0 a sliding window of 64 tokens and
-  layer 1 full attention (Llama's ``layer_types``): vLLM gives it two KV-cache groups that share
-  one allocation, as Gemma 2/3, gpt-oss and Llama 4 have.
+- a hybrid model (``tiny-llama-hybrid-v1``): Llama, 2 layers, hidden 512, about 35 MB in 16 MB
+  shards, layer 0 a sliding window of 64 tokens and layer 1 full attention (Llama's
+  ``layer_types``): vLLM gives it two KV-cache groups that share one allocation, as Gemma 2/3,
+  gpt-oss and Llama 4 have.
 
-Usage: ``python -m otel_ttft.tools.tiny_model [CACHE_DIR] [--which a|b|lora|all]`` prints the
+Usage: ``python -m otel_ttft.tools.tiny_model [CACHE_DIR] [--which a|b|lora|hybrid|all]`` prints the
 directories.
 """
 
@@ -83,8 +84,10 @@ SPEC_A = ModelSpec(MODEL_NAME, "LlamaForCausalLM", VOCAB_SIZE, HIDDEN_SIZE, INTE
                    NUM_LAYERS, NUM_HEADS, NUM_HEADS, MAX_SHARD_SIZE, SEED)
 # About 10 MB in float32: larger than A and read from more shards.
 SPEC_B = ModelSpec(MODEL_B_NAME, "Qwen2ForCausalLM", 3072, 192, 512, 4, 6, 2, "2MB", 1)
-SPEC_HYBRID = ModelSpec(HYBRID_NAME, "LlamaForCausalLM", VOCAB_SIZE, HIDDEN_SIZE,
-                        INTERMEDIATE_SIZE, NUM_LAYERS, NUM_HEADS, NUM_HEADS, MAX_SHARD_SIZE, SEED,
+# About 35 MB in float32, in 16 MB shards: larger than a disk's readahead (8 MiB on the
+# development VM), so a cold read of it faults pages in tensor by tensor.
+SPEC_HYBRID = ModelSpec(HYBRID_NAME, "LlamaForCausalLM", VOCAB_SIZE, 512, 1536, NUM_LAYERS, 8, 8,
+                        "16MB", SEED,
                         layer_types=("sliding_attention", "full_attention"),
                         sliding_window=HYBRID_WINDOW)
 CHAT_TEMPLATE = (
