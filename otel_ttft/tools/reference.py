@@ -25,7 +25,6 @@ from typing import Any
 from otel_ttft import semconv
 from otel_ttft.runtime import environment_variables
 from otel_ttft.semconv import activation, load, replay, request, stages, telemetry
-from otel_ttft.tools import figures
 
 #: semconv's submodules in the order the docs show them, with their headings.
 GROUPS: tuple[tuple[ModuleType, str], ...] = (
@@ -377,7 +376,6 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "command-options": command_options,
     "replay-options": replay_options,
     "check-options": check_options,
-    "gpu-figures": lambda: figures.table(),
 }
 
 
