@@ -148,12 +148,18 @@ def test_a_cold_loads_storage_reads_are_the_read_stage(runs):
         assert len(shards) == len(files)
         faulted = sum(s.attributes[semconv.ATTR_LOAD_FAULTED_BYTES] for s in shards)
         for s in shards:
-            assert s.attributes[semconv.ATTR_PAGE_CACHE_RESIDENT_AFTER] == 1.0
-            assert (s.attributes[semconv.ATTR_PAGE_CACHE_RESIDENT] == 0.0) is cold
+            a = s.attributes
+            assert a[semconv.ATTR_PAGE_CACHE_RESIDENT_AFTER] == 1.0
+            assert (a[semconv.ATTR_PAGE_CACHE_RESIDENT] == 0.0) is cold
+            # only what was not cached can be read: (machines beside this test may evict a
+            # few pages of a warm file between the two loads)
+            uncached = (1 - a[semconv.ATTR_PAGE_CACHE_RESIDENT]) * a[semconv.ATTR_SHARD_BYTES]
+            assert a[semconv.ATTR_LOAD_FAULTED_BYTES] <= uncached + 4096 * a[
+                semconv.ATTR_SHARD_TENSORS]
         if cold:  # the pages readahead did not bring were read inside the read stage
             assert 0 < faulted < on_disk
         else:
-            assert faulted == 0
+            assert faulted < 0.01 * on_disk
         w = weights.attributes
         assert w[semconv.ATTR_LOAD_FAULTED_BYTES] == faulted
         assert w[semconv.ATTR_LOAD_COPY_SECONDS] > 0
