@@ -104,6 +104,7 @@ class LiveVerdict:
     def __init__(self, process_state: Any):
         self._config = process_state.config
         self._tracer = process_state.tracer
+        self._identity = process_state.identity
         self._preload: _Preload | None = None
         self._judged: _Judged | None = None
         self._latest: dict | None = None  # the gauge's observation: value and labels
@@ -237,10 +238,11 @@ class LiveVerdict:
         now = clock.now_ns()
         parent = trace.set_span_in_context(trace.NonRecordingSpan(judged.span_context))
         spans.emit_span(semconv.SPAN_ACTIVATION_VERDICT, now, now, context=parent,
-                        attributes=attributes(result), tracer=self._tracer)
+                        attributes=attributes(result), tracer=self._tracer,
+                        identity=self._identity)
         self._latest = _report(result, judged.trace_hex)
         if self._feed is None:
-            self._feed = metrics.observable_gauge(
+            self._feed = metrics.observable(
                 self._config, semconv.METRIC_ACTIVATION_VERDICT, self._observe, unit="s",
                 description="The blamed stage's increase over the earlier activations of its "
                             "model on this host, in this server's latest verdict (labels: "

@@ -47,6 +47,7 @@ class SleepState:
     def __init__(self, process_state: Any) -> None:
         self.config = process_state.config
         self.tracer = process_state.tracer
+        self.identity = process_state.identity
         self._lock = threading.Lock()
         self._open: list[trace.Span] = []
 
@@ -78,7 +79,8 @@ def _sleep_span(part: SleepState, call: Callable[..., Any], args, kwargs,
     level = args[0] if args else kwargs.get("level", 1)
     span = part.tracer.start_span(semconv.SPAN_SLEEP, context=parent, start_time=clock.now_ns(),
                                   attributes={semconv.ATTR_STAGE: semconv.STAGE_SWITCH_SLEEP})
-    spans.tag_span(span, semconv.STAGE_SWITCH_SLEEP, {semconv.ATTR_SLEEP_LEVEL: int(level)})
+    spans.tag_span(span, semconv.STAGE_SWITCH_SLEEP, {semconv.ATTR_SLEEP_LEVEL: int(level)},
+                   part.identity)
     part.began(span)
     token = otel_context.attach(trace.set_span_in_context(span))
     try:
@@ -130,14 +132,16 @@ def _wrap_engine_release_kv(part: SleepState, call, instance, args, kwargs):
     if not config.tracing_ready(part.config):
         return call(*args, **kwargs)
     with spans.stage_span(semconv.SPAN_RELEASE_KV, semconv.STAGE_SWITCH_SLEEP,
-                          context=handoff.taken(HANDOFF_RELEASE), tracer=part.tracer):
+                          context=handoff.taken(HANDOFF_RELEASE), tracer=part.tracer,
+                          identity=part.identity):
         return call(*args, **kwargs)
 
 
 def _wrap_worker_discard(part: SleepState, call, instance, args, kwargs):
     if not config.tracing_ready(part.config):
         return call(*args, **kwargs)
-    with spans.stage_span(semconv.SPAN_DISCARD, semconv.STAGE_SWITCH_SLEEP, tracer=part.tracer):
+    with spans.stage_span(semconv.SPAN_DISCARD, semconv.STAGE_SWITCH_SLEEP, tracer=part.tracer,
+                          identity=part.identity):
         return call(*args, **kwargs)
 
 

@@ -1,6 +1,6 @@
-"""The request span's attributes, from a finished request's record: GenAI request and usage
-attributes, vLLM's own (when its tracing is on), the engine at arrival, stage seconds, adapter,
-compile and activation bookkeeping, and content only when capture is opted in."""
+"""The request span's attributes (GenAI conventions, vLLM's own when its tracing is on, the
+engine at arrival, stage seconds, warm-up, content only when opted in), and the rule for a
+prefill's waits for a CPU."""
 
 from __future__ import annotations
 
@@ -40,10 +40,20 @@ def span_attributes(rec: RequestRecord, eng: EnginePayload | None, ttft: float |
         attrs[semconv.ATTR_REQUEST_FIRST_USE_SECONDS] = _union_s(fills)
     for stage, seconds in stages.items():
         attrs[semconv.REQUEST_STAGE_SECONDS[stage]] = seconds
-    seen = (sum(1 for kind, ts in schedule if kind == PREEMPTED
-                and (rec.first_tok is None or ts < rec.first_tok)) + len(rec.late_preemptions))
+    seen = len(preemption_events(rec, schedule))
     attrs[semconv.ATTR_REQUEST_PREEMPTIONS] = max(seen, rec.preemptions or 0)  # vLLM's, if kept
     return attrs
+
+
+def preemption_events(rec: RequestRecord, schedule: list[tuple[str, float]]
+                      ) -> list[tuple[str, float, dict[str, Any]]]:
+    """(name, time, attributes) of each preemption: before the first token, then after it."""
+    events = [(semconv.EVENT_REQUEST_PREEMPTED, ts, {semconv.ATTR_EVENT_BEFORE_FIRST_TOKEN: True})
+              for kind, ts in schedule if kind == PREEMPTED
+              and (rec.first_tok is None or ts < rec.first_tok)]
+    return events + [(semconv.EVENT_REQUEST_PREEMPTED, ts,
+                      {semconv.ATTR_EVENT_BEFORE_FIRST_TOKEN: False})
+                     for ts in rec.late_preemptions]
 
 
 def _union_s(intervals: list[first_use.Fill]) -> float:

@@ -1,25 +1,10 @@
-"""EngineCore side of the request path: count, never build spans.
-
-Per request the engine notes, at ``Scheduler.add_request``, the waiting/running depth and free KV
-blocks; counts admission attempts (each prefix-cache lookup the scheduler makes for a request at
-the head of its waiting queue: a fresh or preempted request that then fails to get KV blocks is
-looked up again next step); and, only when vLLM's stats logging is off, the queued/scheduled/
-preempted times vLLM would otherwise record as events. Admissions that found no blocks are then
-attempts minus admissions, computed in the API process. Per step the hooks cost a dict lookup per
-output while some request is between arrival and its first output, and a truth test otherwise.
-
-These ride back to the API process as the ``payload`` of the request's first ``EngineCoreOutput``.
-
-Warm-up paid inside a request (a LoRA adapter loaded lazily, a torch.compile of something
-start-up did not compile) is timed in the worker (``worker``), handed over on the step's
-``ModelRunnerOutput`` (``payload.WORKER_NOTES_ATTR``) and charged here to the
-requests that were waiting for their first token when it started (adapter loads: only those with
-that adapter). Warm-up before any request was queued is thereby never charged to one. Steps a CPU
-worker timed (wall against its thread's CPU time) go to the requests whose prefill they ran, and
-so does EngineCore's own wait for a CPU within a step (``runqueue``), read at ``schedule`` and
-after ``update_from_output`` while some request waits for its first token.
-
-All of it is EngineCore's part (:class:`EngineRequests`, ``request.engine``).
+"""EngineCore side of the request path: count, never build spans. Per request, at
+``Scheduler.add_request``, the queue depth and free KV blocks; admission attempts (each
+prefix-cache lookup while it waits for blocks); the schedule times vLLM would record as events,
+only when its stats logging is off; EngineCore's own wait for a CPU in each step (``runqueue``);
+and what a worker handed over with a step's output (warm-up, CPU steps, CUDA-graph decisions),
+charged to the requests that waited for their first token when it started. All of it rides to
+the API process as the ``payload`` of the request's first ``EngineCoreOutput``.
 """
 
 from __future__ import annotations
