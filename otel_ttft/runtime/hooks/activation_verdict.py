@@ -32,6 +32,7 @@ from otel_ttft import semconv
 from otel_ttft.runtime import activation_history as history
 from otel_ttft.runtime import clock, environment_variables, history_storage
 from otel_ttft.runtime.hooks import activation_ledger as ledger
+from otel_ttft.runtime.hooks.verdict_words import _report, attributes
 from otel_ttft.runtime.telemetry import metrics, spans
 
 # vLLM's own logger tree, so the verdict prints in the server's log as its lines do
@@ -110,6 +111,8 @@ class LiveVerdict:
         self._latest: dict | None = None  # the gauge's observation: value and labels
         self._lock = threading.Lock()
         self._feed: Any = None  # the gauge's feed, once a verdict exists
+        self._skews: list[tuple[float, dict]] = []  # the rank-skew gauge's observations
+        self._skew_feed: Any = None
         self._closed = False
 
     def note_config(self, vllm_config: Any) -> None:
@@ -235,18 +238,42 @@ class LiveVerdict:
             return
         if judged.vocab_note:
             result["vocabulary_note"] = judged.vocab_note
-        now = clock.now_ns()
-        parent = trace.set_span_in_context(trace.NonRecordingSpan(judged.span_context))
-        spans.emit_span(semconv.SPAN_ACTIVATION_VERDICT, now, now, context=parent,
-                        attributes=attributes(result), tracer=self._tracer,
-                        identity=self._identity)
+        # the log line and the gauges first, the span last: whoever sees the span finds them
         self._latest = _report(result, judged.trace_hex)
+        self._note_skews(judged)
         if self._feed is None:
             self._feed = metrics.observable(
                 self._config, semconv.METRIC_ACTIVATION_VERDICT, self._observe, unit="s",
                 description="The blamed stage's increase over the earlier activations of its "
                             "model on this host, in this server's latest verdict (labels: "
                             "stage, fix, outcome)")
+        now = clock.now_ns()
+        parent = trace.set_span_in_context(trace.NonRecordingSpan(judged.span_context))
+        spans.emit_span(semconv.SPAN_ACTIVATION_VERDICT, now, now, context=parent,
+                        attributes=attributes(result), tracer=self._tracer,
+                        identity=self._identity)
+
+    def _note_skews(self, judged: _Judged) -> None:
+        """The rank-skew gauge: each stage's skew among the workers in this activation."""
+        found = (judged.record or {}).get("ranks") or {}
+        skews = found.get("skews") if isinstance(found, dict) else None
+        if not skews:
+            return
+        model = judged.pre.model
+        self._skews = [(float(v["skew_s"]), {
+            semconv.ATTR_STAGE: stage, semconv.ATTR_PARALLEL_RANK: int(v["rank"]),
+            **({semconv.GEN_AI_REQUEST_MODEL: model} if model else {})})
+            for stage, v in skews.items()]
+        if self._skew_feed is None:
+            self._skew_feed = metrics.observable(
+                self._config, semconv.METRIC_ACTIVATION_RANK_SKEW, self._observe_skews,
+                unit="s", description="In this server's latest activation, per start-up stage: "
+                                      "the slowest worker rank's time less the fastest's "
+                                      "(label ttft.parallel.rank: the slowest)")
+
+    def _observe_skews(self, options: CallbackOptions):
+        for value, labels in list(self._skews):
+            yield Observation(value, labels)
 
     def _observe(self, options: CallbackOptions):
         latest = self._latest
@@ -259,6 +286,10 @@ class LiveVerdict:
         if self._feed is not None:
             metrics.stop_feeding(self._feed, self._observe)
             self._feed = None
+        if self._skew_feed is not None:
+            metrics.stop_feeding(self._skew_feed, self._observe_skews)
+            self._skew_feed = None
+        self._skews = []
         self._preload = self._judged = self._latest = None
 
 
@@ -313,10 +344,6 @@ def _load(pre: _Preload) -> None:
         pre.done.set()
 
 
-
-
-
-
 def _vocabulary() -> tuple[Any, str | None, str | None]:
     """The running vLLM's vocabulary, ``(vocabulary, error, note)``: shipped for its version,
     else read once by the reader tool in a subprocess of this interpreter, kept on disk."""
@@ -327,11 +354,12 @@ def _vocabulary() -> tuple[Any, str | None, str | None]:
                            _VOCABULARY_READ_S)
 
 
-
-
 def _record(diagnosis: Any, pre: _Preload, trace_hex: str, start_ns: int, end_ns: int) -> dict:
+    from otel_ttft.diagnosis import ranks
+
     part = ledger.gather(trace_hex)
     stages = diagnosis.stage_seconds(part["intervals"], start_ns, end_ns)
+    skews = ranks.skews(part["ranked"])
     ratio = part["resident_ratio"]
     storage = part["shard_bytes"] * (1.0 - ratio) if ratio is not None else part["shard_bytes"]
     hits = part["compile_hits"]
@@ -344,6 +372,7 @@ def _record(diagnosis: Any, pre: _Preload, trace_hex: str, start_ns: int, end_ns
                      "compile_cache_hit": all(hits) if hits else None,
                      "compile_cache_dir": facts.get("compile_cache_dir")},
         "facts": facts, "config": pre.config,
+        "ranks": {"gate": ranks.gate(part["ranked"]), "skews": skews} if skews else None,
     }
 
 
@@ -353,8 +382,6 @@ def _save(path: Path | None, record: dict) -> None:
     problem = history.save(path, record)
     if problem:
         logger.debug("otel-ttft: activation history not saved: %s", problem)
-
-
 
 
 def _add_request_stages(into: dict[str, float], stages: dict[str, float], warmup: Any) -> None:
@@ -374,55 +401,3 @@ def _add_request_stages(into: dict[str, float], stages: dict[str, float], warmup
         own[stage] = own.get(stage, 0.0) + taken
     for k, v in own.items():
         into[k] = into.get(k, 0.0) + v
-
-
-
-
-def attributes(result: dict) -> dict[str, Any]:
-    """The ``ttft.verdict.*`` attributes of one verdict."""
-    attrs: dict[str, Any] = {
-        semconv.ATTR_VERDICT_PHASE: result["phase"],
-        semconv.ATTR_VERDICT_OUTCOME: result["outcome"],
-        semconv.ATTR_VERDICT_BASELINE: result["baseline"],
-        semconv.ATTR_VERDICT_BASELINE_COUNT: result["baseline_count"],
-        semconv.ATTR_VERDICT_STAGE: result["stage"],
-        semconv.ATTR_VERDICT_INCREASE_S: float(result["increase_s"]),
-        semconv.ATTR_VERDICT_DURATION_S: float(result["duration_s"]),
-        semconv.ATTR_VERDICT_RECOMMENDATION: result["recommendation"],
-        semconv.ATTR_VERDICT_SUMMARY: result["summary"],
-    }
-    optional = {semconv.ATTR_VERDICT_SUBSTAGE: result.get("substage"),
-                semconv.ATTR_VERDICT_SUBSTAGE_INCREASE_S: result.get("substage_increase_s"),
-                semconv.ATTR_VERDICT_BASELINE_S: result.get("baseline_s"),
-                semconv.ATTR_VERDICT_LAST_S: result.get("last_s"),
-                semconv.ATTR_VERDICT_BEST_S: result.get("best_s"),
-                semconv.ATTR_VERDICT_FIX: result.get("fix") or None,
-                semconv.ATTR_VERDICT_CHANGE: list(result.get("change") or ()) or None,
-                semconv.ATTR_VERDICT_COLD_CACHED_TOKENS:
-                    (result.get("evidence") or {}).get("cold_cached_tokens"),
-                semconv.ATTR_VERDICT_COLD_UNCACHED_PREFIX_TOKENS:
-                    (result.get("evidence") or {}).get("cold_uncached_prefix_tokens")}
-    attrs.update({k: v for k, v in optional.items() if v is not None})
-    return attrs
-
-
-def _report(result: dict, trace_hex: str) -> dict:
-    """The log line; returns the gauge's observation (value and labels)."""
-    line = result["summary"]
-    if result.get("history_problem"):
-        line += f" [history: {result['history_problem']}]"
-    if result.get("vocabulary_note"):
-        line += f" [{result['vocabulary_note']}]"
-    level = logging.WARNING if result["outcome"] == "expanded" else logging.INFO
-    logger.log(level, "%s (trace %s)", line, trace_hex)
-    labels = {semconv.ATTR_STAGE: result["stage"],
-              semconv.ATTR_VERDICT_SUBSTAGE: result.get("substage") or result["stage"],
-              semconv.ATTR_VERDICT_RECOMMENDATION: result["recommendation"],
-              semconv.ATTR_VERDICT_CHANGE: " ".join(result.get("change") or ())[:200],
-              semconv.ATTR_VERDICT_OUTCOME: result["outcome"],
-              semconv.ATTR_VERDICT_BASELINE: result["baseline"],
-              semconv.ATTR_VERDICT_PHASE: result["phase"],
-              semconv.ATTR_ACTIVATION_TRACE_ID: trace_hex}
-    if result.get("model"):
-        labels[semconv.GEN_AI_REQUEST_MODEL] = result["model"]
-    return {"value": float(result["increase_s"]), "labels": labels}

@@ -12,7 +12,7 @@ from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from otel_ttft import semconv
-from otel_ttft.runtime import config
+from otel_ttft.runtime import config, ranks
 from otel_ttft.version import __version__
 
 
@@ -151,8 +151,8 @@ processor of our configurator's provider, which outlives any one instrumentation
 into nothing, and tags no process kind, while none is open)."""
 
 
-def _attrs(stage: str | None, model: str | None) -> dict[str, str]:
-    out = {}
+def _attrs(stage: str | None, model: str | None) -> dict[str, str | int]:
+    out: dict[str, str | int] = dict(ranks.metric_labels())  # a worker's: which rank it is
     if stage:
         out[semconv.ATTR_STAGE] = stage
     if model:

@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.trace import Span
 
 from otel_ttft import semconv
-from otel_ttft.runtime import clock
+from otel_ttft.runtime import clock, ranks
 from otel_ttft.runtime.telemetry import metrics
 
 _ACTIVATION_FAMILIES = (semconv.STAGE_LOAD, semconv.STAGE_WARMUP, semconv.STAGE_SWITCH)
@@ -43,6 +43,9 @@ class StageTagger(SpanProcessor):
             part = metrics.open_part()  # the instrumentation's, with the process identity
             if part is not None and part.identity.kind:
                 span.set_attribute(semconv.ATTR_PROCESS_KIND, part.identity.kind)
+            worker_ranks = ranks.span_attributes()
+            if worker_ranks:
+                span.set_attributes(worker_ranks)
 
     def restamp(self, span: ReadableSpan) -> ReadableSpan:
         """``span`` on our clock, if it is a vLLM span whose times the wall clock moved."""

@@ -13,7 +13,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from otel_ttft import semconv
-from otel_ttft.runtime import clock, config
+from otel_ttft.runtime import clock, config, ranks
 
 if TYPE_CHECKING:
     from otel_ttft.runtime.state import ProcessIdentity
@@ -57,6 +57,9 @@ def tag_span(span: Span, stage: str | None, attributes: Mapping[str, Any] | None
         span.set_attribute(semconv.ATTR_STAGE, stage)
     if identity.kind:
         span.set_attribute(semconv.ATTR_PROCESS_KIND, identity.kind)
+    worker_ranks = ranks.span_attributes()  # which worker of its engine ({} elsewhere)
+    if worker_ranks:
+        span.set_attributes(worker_ranks)
     if attributes:
         span.set_attributes({k: v for k, v in attributes.items() if v is not None})
     if stage is not None and _stage_listeners and span.is_recording():

@@ -33,6 +33,11 @@ class StepTime(msgspec.Struct, array_like=True):
     # ... and since its previous step, up to this one's start (the API side counts it only
     # within the gap before the step)
     queued_before: float = 0.0
+    handed: float = 0.0  # when EngineCore handed the step over (``schedule`` returned; 0: not)
+    received: float = 0.0  # ... and when it had the step's output (``update_from_output``)
+    major_faults: int = 0  # the worker's major page faults since its previous step (``hostwait``)
+    steal: float = 0.0  # seconds of the host's steal time since the worker's previous step
+    throttled: float = 0.0  # seconds its cgroup was throttled since its previous step
 
 
 class EngineWait(msgspec.Struct, array_like=True, frozen=True):

@@ -12,8 +12,11 @@ that were waiting for their first token when it started:
   compiled in a step (Model Runner V2's logprobs, its sampling kernels), from Triton's own hooks
   (``kernels``), noted the same way with ``compiler="triton"``;
 - contention: a CPU worker's step that runs some prefill, on the wall clock and the thread's CPU
-  clock (their difference is time it wanted a CPU and had none) and its run-queue delay; on a GPU
-  the thread blocks on the device by design, so no step is timed;
+  clock (their difference is time it wanted a CPU and had none) and its run-queue delay, with the
+  worker's major faults, the host's steal time and its cgroup's throttling since its previous
+  timed step (``hostwait``: why a step began late, when EngineCore's hand-off stamps in
+  ``engine`` show that it did); on a GPU the thread blocks on the device by design, so no step
+  is timed;
 - on a GPU with CUDA graphs captured, the graph decision for a step that starts a prefill
   (``graphs``).
 """
@@ -30,6 +33,7 @@ from typing import Any
 
 import msgspec
 
+from otel_ttft.runtime.hooks.request.hostwait import HostClock, HostReading
 from otel_ttft.runtime.hooks.request.kernels import TritonCompiles
 from otel_ttft.runtime.hooks.request.payload import (
     WORKER_NOTES_ATTR,
@@ -98,6 +102,8 @@ class WorkerSteps:
         self.cpu_worker: bool | None = None  # the worker's device is a CPU (None: not known)
         self.run_queue = RunQueueClock(with_io_threads=True)  # the worker's (and wake-up's) wait
         self.queued_last: float | None = None  # its run-queue reading at the latest step
+        self.host = HostClock()  # faults, steal, throttling: why a step began late
+        self.host_last: HostReading | None = None
         self.callbacks: Any = None  # Dynamo's handler while registered (False: tried, or closed)
         self.triton = TritonCompiles(self._kernel_compiled)  # Triton's JIT hooks, at first step
         self.closed = False
@@ -112,6 +118,7 @@ class WorkerSteps:
             with contextlib.suppress(ValueError):
                 handler.remove_end_callback(self._compile_ended)
         self.run_queue.close()
+        self.host.close()
         self.graph_pending = self.graph_step = self.graph_shipped = None
         self.notes.clear()
         self.steps.clear()
@@ -271,6 +278,16 @@ class WorkerSteps:
                 if self.queued_last is not None:
                     step.queued += self.queued_last - queued
 
+    def host_since_last(self) -> HostReading:
+        """Major faults, steal and throttling since the previous timed step (the first: none)."""
+        now = self.host.read()
+        last, self.host_last = self.host_last, now
+        if last is None:
+            return HostReading()
+        return HostReading(max(0, now.major_faults - last.major_faults),
+                           max(0.0, now.steal_s - last.steal_s),
+                           max(0.0, now.throttled_s - last.throttled_s))
+
     def queued_since_last(self) -> float:
         """The worker thread's run-queue wait since its previous step began or ended (waking up
         for this one included), and the reading taken now; every step of a CPU worker reads
@@ -317,7 +334,10 @@ def wrap_execute_model(part: WorkerSteps, call: Callable[..., Any], instance: An
     ids = part._prefill_ids(scheduler_output)
     if not ids:
         return part.attach(call(*args, **kwargs))
-    step = PrefillStep(StepTime(time.monotonic(), 0.0, 0.0, 0.0, queued_before=before), ids)
+    host = part.host_since_last()
+    step = PrefillStep(StepTime(time.monotonic(), 0.0, 0.0, 0.0, queued_before=before,
+                                major_faults=host.major_faults, steal=host.steal_s,
+                                throttled=host.throttled_s), ids)
     output = part.timed(call, args, kwargs, step.time)
     part.open = step
     if output is not None:  # the step's output is here: no sample_tokens call follows
