@@ -99,8 +99,12 @@ def test_a_warm_checkpoint_faults_nothing_in(exporter, load, cold_checkpoint):
         assert len(list(safetensors_weights_iterator([str(cold_checkpoint)], False))) == TENSORS
         load.end(weights)
     (shard,) = [s for s in exporter.get_finished_spans() if s.name == semconv.SPAN_SHARD_READ]
-    assert shard.attributes[semconv.ATTR_LOAD_FAULTED_BYTES] == 0
-    assert shard.attributes[semconv.ATTR_PAGE_CACHE_RESIDENT] == 1.0
+    a = shard.attributes
+    # cached just before (other processes on this machine may push a few pages out meanwhile):
+    # only what was not cached is read, a page per tensor at most besides
+    assert a[semconv.ATTR_PAGE_CACHE_RESIDENT] >= 0.99
+    uncached = (1 - a[semconv.ATTR_PAGE_CACHE_RESIDENT]) * a[semconv.ATTR_SHARD_BYTES]
+    assert a[semconv.ATTR_LOAD_FAULTED_BYTES] <= uncached + 4096 * TENSORS
 
 
 def test_fault_in_leaves_device_and_empty_tensors_alone():
