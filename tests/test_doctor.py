@@ -199,3 +199,18 @@ def test_doctor_refuses_what_makes_no_config(args, message):
     proc = _doctor(*args)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
+
+
+def test_doctor_warns_when_the_serve_args_give_vllm_its_own_endpoint():
+    from otel_ttft.tools import doctor
+
+    url = "http://collector:4317"
+    for args in (["--model", "m", "--otlp-traces-endpoint", url],
+                 ["--otlp-traces-endpoint=" + url]):
+        assert doctor._vllm_endpoint(args) == url
+    assert doctor._vllm_endpoint(["--model", "m"]) is None
+    assert doctor._vllm_endpoint(["--otlp-traces-endpoint"]) is None  # no value: vLLM refuses
+    (line,) = doctor._render_vllm_endpoint(url)
+    assert line.startswith("  warning: --otlp-traces-endpoint http://collector:4317")
+    assert f"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT={url}" in line and "two backends" in line
+    assert doctor._render_vllm_endpoint(None) == []

@@ -8,7 +8,7 @@ import pytest
 from opentelemetry import trace
 
 from otel_ttft import semconv
-from otel_ttft.runtime.hooks import activation, warmup
+from otel_ttft.runtime.hooks import activation, sleep, warmup
 from otel_ttft.runtime.hooks.load import shards as load_shards
 from otel_ttft.runtime.hooks.load import weights as load
 
@@ -98,8 +98,8 @@ class _Scheduler:
 
 
 def test_sleep_and_wake_up_around_the_real_engine_core_methods(exporter, hooks):
-    state = hooks(*[h for h in activation.HOOKS if h.name in ("switch.engine_sleep",
-                                                      "switch.engine_wake_up")])
+    state = hooks(*[h for h in activation.HOOKS + sleep.HOOKS
+                    if h.name in ("switch.engine_sleep", "switch.engine_wake_up")])
     from vllm.v1.engine.core import EngineCore
 
     engine = EngineCore.__new__(EngineCore)  # its __init__ loads a model; the methods do not
@@ -110,9 +110,9 @@ def test_sleep_and_wake_up_around_the_real_engine_core_methods(exporter, hooks):
     EngineCore.sleep(engine, 1)
     assert EngineCore.wake_up(engine, None) is True
     assert engine.model_executor.calls == [("sleep", 1), ("wake_up", None)]
-    (sleep,) = _finished(exporter, semconv.SPAN_SLEEP)
-    assert sleep.attributes[semconv.ATTR_STAGE] == semconv.STAGE_SWITCH_SLEEP
-    assert sleep.attributes[semconv.ATTR_SLEEP_LEVEL] == 1
+    (slept,) = _finished(exporter, semconv.SPAN_SLEEP)
+    assert slept.attributes[semconv.ATTR_STAGE] == semconv.STAGE_SWITCH_SLEEP
+    assert slept.attributes[semconv.ATTR_SLEEP_LEVEL] == 1
     (root,) = _finished(exporter, semconv.SPAN_ACTIVATION)
     assert root.attributes[semconv.ATTR_ACTIVATION_KIND] == "wake"
     (wake,) = _finished(exporter, semconv.SPAN_WAKE_UP)

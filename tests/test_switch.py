@@ -175,13 +175,13 @@ def test_sleep_request_is_one_switch_span_with_engine_sleep_under_it(monkeypatch
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.engine.core import EngineCore
 
-    from otel_ttft.runtime.hooks import activation
+    from otel_ttft.runtime.hooks import sleep
     from otel_ttft.runtime.hooks.registry import HookSet
 
     exporter = memory_exporter()
     exporter.clear()
     monkeypatch.setattr(os, "getppid", os.getpid)
-    hook_set = HookSet([h for h in switch.HOOKS + activation.HOOKS
+    hook_set = HookSet([h for h in switch.HOOKS + sleep.HOOKS
                         if h.name in ("switch.api_sleep", "switch.engine_sleep")],
                        ProcessState(current_config(), all_parts()))
     hook_set.apply()

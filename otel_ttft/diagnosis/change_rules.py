@@ -200,7 +200,7 @@ def _tune_admission(b: Builder) -> None:
     tokens = ev.prompt_tokens + ev.max_tokens
     if ev.substage == semconv.STAGE_WARMUP_KV_ALLOC:
         if blocks and block_size and kv_bytes:
-            need = c * math.ceil(tokens / block_size)
+            need = c * request_blocks(f, tokens, block_size)
             size = int(need * kv_bytes / blocks)
             b.add("kv-budget", f"allocating {blocks} KV blocks ({_gib(kv_bytes)}) took "
                   f"{ev.p50(ev.substage):.2f} s; {c} requests of {tokens} tokens need {need}",
@@ -212,12 +212,14 @@ def _tune_admission(b: Builder) -> None:
               f"{seqs} sequences at a time (--max-num-seqs)",
               args=["--max-num-seqs", str(c)])
     if blocks and block_size:
-        per = math.ceil(tokens / block_size)
+        per = request_blocks(f, tokens, block_size)
         need = c * per
         if need > blocks:
+            groups = int(f.get("kv_groups") or 1)
             reason = (f"{c} concurrent requests of {tokens} tokens (prompt p50 + max_tokens) "
-                      f"need {c} x {per} = {need} KV blocks of {block_size} tokens; the server "
-                      f"had {blocks}")
+                      f"need {c} x {per} = {need} KV blocks of {block_size} tokens"
+                      + (f" (over its {groups} KV-cache groups)" if groups > 1 else "")
+                      + f"; the server had {blocks}")
             if ev.server is not None and ev.server.sets("num_gpu_blocks_override"):
                 b.add("kv-budget", reason, args=["--num-gpu-blocks-override", str(need)])
             elif kv_bytes:
@@ -226,6 +228,20 @@ def _tune_admission(b: Builder) -> None:
     if not b.candidates and seqs is None and c > 1:
         b.add("max-num-seqs", f"{c} requests arrived at once; admit them together",
               args=["--max-num-seqs", str(c)])
+
+
+def request_blocks(facts: dict, tokens: int, block_size: int) -> int:
+    """KV blocks one request of ``tokens`` takes from the pool every group draws from: one per
+    ``block_size`` tokens in each group that keeps the whole sequence (full attention), at most
+    the window's in the others (sliding windows, Mamba state). A record without the groups is
+    one group; one with groups but not their kinds counts each as keeping the sequence."""
+    per = math.ceil(tokens / block_size)
+    groups = max(int(facts.get("kv_groups") or 1), 1)
+    sequence = facts.get("kv_sequence_groups")
+    if sequence is None:
+        return per * groups
+    windows = groups - int(sequence)
+    return int(sequence) * per + min(int(facts.get("kv_window_blocks") or 0), windows * per)
 
 
 def _tune_context(b: Builder) -> None:

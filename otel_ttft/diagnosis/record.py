@@ -25,6 +25,8 @@ FACT_ATTRIBUTES = {
     "host_memory_bytes": semconv.ATTR_HOST_MEMORY_BYTES,
     "device_type": semconv.ATTR_DEVICE_TYPE, "compile_cache_dir": semconv.ATTR_COMPILE_CACHE_DIR,
     "graph_batch_sizes": semconv.ATTR_GRAPH_BATCH_SIZES,
+    "kv_groups": semconv.ATTR_KV_GROUPS, "kv_sequence_groups": semconv.ATTR_KV_SEQUENCE_GROUPS,
+    "kv_window_blocks": semconv.ATTR_KV_WINDOW_BLOCKS,
 }
 
 @dataclass(frozen=True)

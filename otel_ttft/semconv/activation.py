@@ -22,6 +22,9 @@ SPAN_LOADING_GPU = "Loading (GPU)"
 SPAN_LOADING_CPU = "Loading (CPU)"  # the same on a CPU (vLLM's on the V1 CPU runner)
 SPAN_SLEEP = "Sleep"  # EngineCore and worker sleep (sleep mode); ends when the sleep completes
 SPAN_WAKE_UP = "Wake up"  # EngineCore and worker wake-up from sleep (load.h2d)
+#: EngineCore's release_kv_cache_memory (POST /release_kv_cache_memory): switch.sleep
+SPAN_RELEASE_KV = "Release KV cache memory"
+SPAN_DISCARD = "Discard device memory"  # a worker's discard (of the KV cache): switch.sleep
 SPAN_ADAPTER_LOAD = "Load LoRA adapter"  # a LoRA adapter loaded for a request (under its Prefill)
 ATTR_PROCESS_KIND = "ttft.process.kind"  # on our spans and tagged vLLM spans: PROCESS_KINDS
 PROCESS_API_SERVER = "api_server"  # ttft.process.kind of the API server process
@@ -71,10 +74,30 @@ ATTR_GRAPH_PIECEWISE_BATCH_SIZES = "ttft.graph.piecewise.batch_sizes"
 ATTR_GRAPH_PIECEWISE_PIECES = "ttft.graph.piecewise.pieces"
 #: on Capture model: device memory the piecewise captures took (driver, around them)
 ATTR_GRAPH_PIECEWISE_MEMORY_BYTES = "ttft.graph.piecewise.memory_bytes"
-ATTR_KV_BLOCKS = "ttft.kv.blocks"  # on Allocate KV cache: KV blocks
-ATTR_KV_BLOCK_SIZE = "ttft.kv.block_size"  # on Allocate KV cache: tokens per block
-ATTR_KV_BYTES = "ttft.kv.bytes"  # on Allocate KV cache: bytes allocated
-ATTR_KV_TOKEN_CAPACITY = "ttft.kv.token_capacity"  # on Allocate KV cache: tokens the cache holds
+ATTR_KV_BLOCKS = "ttft.kv.blocks"  # on Allocate KV cache: blocks in the pool every group draws from
+ATTR_KV_BLOCK_SIZE = "ttft.kv.block_size"  # on Allocate KV cache: tokens per block (smallest group)
+#: on Allocate KV cache: device bytes allocated, a backing buffer the groups share counted once
+ATTR_KV_BYTES = "ttft.kv.bytes"
+ATTR_KV_HOST_BYTES = "ttft.kv.host_bytes"  # on Allocate KV cache: HiSparse's host pool, once
+#: on Allocate KV cache: tokens the cache holds, group-aware (vLLM's "KV cache size: N tokens")
+ATTR_KV_TOKEN_CAPACITY = "ttft.kv.token_capacity"
+#: on Allocate KV cache: max_model_len requests the pool holds at once (vLLM's "concurrency")
+ATTR_KV_MAX_CONCURRENCY = "ttft.kv.max_concurrency"
+ATTR_KV_GROUPS = "ttft.kv.groups"  # on Allocate KV cache: KV-cache groups (2+: a hybrid model)
+#: on Allocate KV cache, one entry per group in vLLM's order: its spec class (FullAttentionSpec,
+#: SlidingWindowSpec, MambaSpec, ...)
+ATTR_KV_GROUP_SPECS = "ttft.kv.group.specs"
+#: on Allocate KV cache: groups whose blocks grow with the whole sequence (full attention)
+ATTR_KV_SEQUENCE_GROUPS = "ttft.kv.sequence_groups"
+#: on Allocate KV cache: blocks one request takes at most in all the other groups together
+#: (windows, Mamba state): a request of T tokens takes about sequence_groups x ceil(T /
+#: block_size) + these
+ATTR_KV_WINDOW_BLOCKS = "ttft.kv.window_blocks_per_request"
+ATTR_KV_GROUP_LAYERS = "ttft.kv.group.layers"  # on Allocate KV cache, per group: its layers
+ATTR_KV_GROUP_BLOCK_SIZES = "ttft.kv.group.block_sizes"  # per group: its tokens per block
+#: on Allocate KV cache, per group: the blocks one max_model_len request takes in it (a sliding
+#: window: its window's, not the sequence's)
+ATTR_KV_GROUP_BLOCKS_PER_REQUEST = "ttft.kv.group.blocks_per_request"
 #: on Loading, Profile run, Allocate KV cache, Capture model: the model runner class that ran it
 #: (module.Class: V1 ``vllm.v1.worker.gpu_model_runner.GPUModelRunner``, V2
 #: ``vllm.v1.worker.gpu.model_runner.GPUModelRunner``, the CPU runners, ...)
@@ -85,6 +108,17 @@ ATTR_MODEL_RUNNER_REASON = "ttft.model_runner.reason"
 #: on Sleep: vLLM's sleep level (1 offloads weights, 2 discards them)
 ATTR_SLEEP_LEVEL = "ttft.sleep.level"
 ATTR_WAKE_TAGS = "ttft.wake.tags"  # on Wake up: what was woken (weights, kv_cache), or all
+#: on a worker's Sleep: device bytes copied to host memory to be kept (level 1's weights), from
+#: vLLM's sleep allocator (CuMemAllocator) before and after
+ATTR_SLEEP_OFFLOADED_BYTES = "ttft.sleep.offloaded_bytes"
+#: on a worker's Sleep and Discard device memory: device bytes given back in all (kept or
+#: discarded)
+ATTR_SLEEP_RELEASED_BYTES = "ttft.sleep.released_bytes"
+#: on a worker's Wake up: bytes copied back from host memory to the device (host-to-device)
+ATTR_WAKE_RESTORED_BYTES = "ttft.wake.restored_bytes"
+#: on a worker's Wake up: device bytes mapped again in all (the rest comes back empty: KV cache,
+#: level 2's weights)
+ATTR_WAKE_MAPPED_BYTES = "ttft.wake.mapped_bytes"
 #: histogram, s (ACTIVATION_DURATION_BUCKETS_S), by ttft.stage and gen_ai.request.model: every
 #: start-up stage span (a family's value is its container span's total)
 METRIC_ACTIVATION_STAGE_DURATION = "ttft.activation.stage.duration"
@@ -99,7 +133,7 @@ ACTIVATION_DURATION_BUCKETS_S = (
 #: eviction, in the outgoing API server: its stop signal (or a sleep request) until its engine
 #: processes are gone (or asleep); its own trace, joined to a request by time
 SPAN_SWITCH = "vllm.switch"
-ATTR_SWITCH_REASON = "ttft.switch.reason"  # signal | sleep
+ATTR_SWITCH_REASON = "ttft.switch.reason"  # signal | sleep | release_kv_cache
 ATTR_SWITCH_SIGNAL = "ttft.switch.signal"  # SIGTERM | SIGINT
 ATTR_SWITCH_PROCESSES = "ttft.switch.processes"  # engine processes waited for
 ATTR_SWITCH_PROCESSES_LEFT = "ttft.switch.processes_left"  # still alive when the wait gave up
@@ -107,6 +141,8 @@ ATTR_SWITCH_RELEASED_BYTES = "ttft.switch.released_bytes"  # their resident memo
 ATTR_SWITCH_ENGINE_EXIT_S = "ttft.switch.engine_exit_seconds"  # signal -> engine processes gone
 SWITCH_REASON_SIGNAL = "signal"  # ttft.switch.reason: a stop signal (restart)
 SWITCH_REASON_SLEEP = "sleep"  # ttft.switch.reason: a sleep request
+#: ttft.switch.reason: POST /release_kv_cache_memory (the KV cache given back, weights kept)
+SWITCH_REASON_RELEASE_KV = "release_kv_cache"
 
 #: gauge, s, by ttft.stage and gen_ai.request.model: each stage in this process's latest
 #: activation (its longest span of that stage: for a family the outermost, for load.read the

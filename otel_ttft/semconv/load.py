@@ -20,6 +20,15 @@ ATTR_FS_TYPE = "ttft.load.fs.type"
 #: on shard spans: 0..1 of the file in page cache before its first read (mincore): 0 = cold read;
 #: on Load weights, byte-weighted over the shards
 ATTR_PAGE_CACHE_RESIDENT = "ttft.load.page_cache.resident_ratio"
+#: on shard spans and Load weights: the same once the file's read ended (1.0: all of it cached)
+ATTR_PAGE_CACHE_RESIDENT_AFTER = "ttft.load.page_cache.resident_ratio_after"
+#: on shard spans and Load weights (safetensors): bytes of the tensors' memory map that were not
+#: in the page cache when the reader handed them over, read from storage inside the read stage
+#: (faulted in there, not in the copy to the device)
+ATTR_LOAD_FAULTED_BYTES = "ttft.load.faulted.bytes"
+#: on Load weights: seconds the consumer held the tensors (copying into the parameters; on a
+#: GPU the host-to-device copy), storage reads left out
+ATTR_LOAD_COPY_SECONDS = "ttft.load.copy.seconds"
 ATTR_LOAD_SHARDS = "ttft.load.shards"  # on Load weights: shards read
 ATTR_LOAD_BYTES = "ttft.load.bytes"  # on Load weights: bytes read
 #: on Load weights: effective throughput over the whole pass

@@ -179,7 +179,29 @@ def collect(device: str | None = None, serve_args: list[str] | None = None) -> d
                    "endpoint": endpoint, "endpoint_source": source,
                    "endpoint_reachable": _reachable(endpoint)},
         "verdict_history": _verdict_history(),
+        "vllm_otlp_traces_endpoint": _vllm_endpoint(list(serve_args or [])),
     }
+
+
+def _vllm_endpoint(serve_args: list[str]) -> str | None:
+    """vLLM's own ``--otlp-traces-endpoint`` among the serve arguments given, if any."""
+    for i, arg in enumerate(serve_args):
+        if arg == "--otlp-traces-endpoint" and i + 1 < len(serve_args):
+            return serve_args[i + 1]
+        if arg.startswith("--otlp-traces-endpoint="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _render_vllm_endpoint(url: str | None) -> list[str]:
+    if not url:
+        return []
+    return [f"  warning: --otlp-traces-endpoint {url}: under opentelemetry-instrument our "
+            "provider runs and vLLM cannot install its own; the API server's spans go to the "
+            "OTEL_EXPORTER_OTLP_* endpoint, EngineCore's and the workers' to this URL (vLLM "
+            "writes it into OTEL_EXPORTER_OTLP_TRACES_ENDPOINT): one trace, two backends. Drop "
+            f"the flag and set OTEL_EXPORTER_OTLP_TRACES_ENDPOINT={url}; with vLLM's plugin "
+            "loader alone (no opentelemetry-instrument) the flag is the way"]
 
 
 def render(report: dict[str, Any]) -> str:
@@ -226,6 +248,7 @@ def render(report: dict[str, Any]) -> str:
     lines.append(f"export: traces={e['traces_exporter']} metrics={e['metrics_exporter']} "
                  f"protocol={e['protocol']} endpoint={e['endpoint'] or e['endpoint_source']} "
                  f"({reach})")
+    lines.extend(_render_vllm_endpoint(report.get("vllm_otlp_traces_endpoint")))
     lines.extend(_render_verdict_history(report.get("verdict_history")))
     return "\n".join(lines)
 

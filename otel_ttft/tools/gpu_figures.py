@@ -56,6 +56,55 @@ FIGURES: tuple[GpuFigure, ...] = (
               "logprobs kernels), chained with vLLM's JIT monitor; torch.compile as on V1",
               "tests/test_triton_compiles.py (a real Triton compile on CPU); "
               f"tests/test_gpu_paths.py (Dynamo); {_BARE}; scripts/gpu-check part 5"),
+    GpuFigure((semconv.ATTR_KV_BYTES, semconv.ATTR_KV_HOST_BYTES),
+              "initialize_kv_cache's KVCacheConfig: each backing allocation once (a hybrid "
+              "model's groups share one buffer)",
+              "the same config and rule on V2's initialize_kv_cache",
+              "tests/test_kv_layout_vllm.py (vLLM's get_kv_cache_configs and allocate_kv_cache: "
+              "the storages allocated); tests/test_hybrid_cold_vllm.py (a real CPU vLLM: the "
+              f"worker's KV tensors); {_BARE}: the allocator's growth"),
+    GpuFigure((semconv.ATTR_KV_TOKEN_CAPACITY, semconv.ATTR_KV_MAX_CONCURRENCY,
+               semconv.ATTR_KV_BLOCKS, semconv.ATTR_KV_GROUPS, semconv.ATTR_KV_GROUP_SPECS,
+               semconv.ATTR_KV_GROUP_LAYERS, semconv.ATTR_KV_GROUP_BLOCK_SIZES,
+               semconv.ATTR_KV_GROUP_BLOCKS_PER_REQUEST, semconv.ATTR_KV_SEQUENCE_GROUPS,
+               semconv.ATTR_KV_WINDOW_BLOCKS),
+              "the pool's blocks; per group its spec's blocks per max_model_len request "
+              "(max_memory_usage_bytes / page_size_bytes); capacity = blocks / their sum x "
+              "max_model_len, vLLM's own formula",
+              "the same",
+              "tests/test_kv_layout_vllm.py (vLLM's get_kv_cache_capacity); "
+              "tests/test_hybrid_cold_vllm.py (vLLM's 'KV cache size: N tokens' log line)"),
+    GpuFigure((semconv.ATTR_LOAD_FAULTED_BYTES, semconv.ATTR_READ_SECONDS,
+               semconv.ATTR_READ_GB_PER_S, semconv.ATTR_PAGE_CACHE_RESIDENT,
+               semconv.ATTR_PAGE_CACHE_RESIDENT_AFTER),
+              "the loader (either runner): each safetensors tensor's uncached pages (mincore on "
+              "its memory) faulted in inside the reader's timed step (MADV_POPULATE_READ), "
+              "before the copy; residency before and after each file",
+              "the same loader",
+              "tests/test_load_faults.py (the kernel's residency of each tensor handed to the "
+              "copy); tests/test_hybrid_cold_vllm.py (an evicted checkpoint, then warm); "
+              f"{_BARE}: cold and warm loads, a plain read(2)"),
+    GpuFigure((semconv.ATTR_LOAD_COPY_SECONDS, semconv.ATTR_H2D_BYTES,
+               semconv.ATTR_H2D_GB_PER_S),
+              "the consumer's time holding each tensor (its copy into the parameter), storage "
+              "reads excluded; h2d on an accelerator",
+              "the same",
+              f"tests/test_load_faults.py; {_BARE}: CUDA events, cold against warm"),
+    GpuFigure((semconv.ATTR_SLEEP_OFFLOADED_BYTES, semconv.ATTR_SLEEP_RELEASED_BYTES,
+               semconv.ATTR_WAKE_RESTORED_BYTES, semconv.ATTR_WAKE_MAPPED_BYTES),
+              "the GPU worker: vLLM's CuMemAllocator allocations before and after its sleep, "
+              "wake_up and discard",
+              "the same worker and allocator",
+              "tests/test_sleep_workers.py (vLLM's real allocator, its CUDA calls faked); "
+              "scripts/gpu-check part 1"),
+    GpuFigure((semconv.ATTR_SLEEP_LEVEL, semconv.ATTR_SWITCH_REASON),
+              "vllm.switch > EngineCore's Sleep or Release KV cache memory > each worker's, "
+              "whatever the worker count (collective_rpc carries EngineCore's context; the "
+              "executor's deferred sleep runs under EngineCore's open Sleep); level 0 ends when "
+              "the pause completes",
+              "the same (worker and executor, not runner)",
+              "tests/test_sleep_workers.py (two workers, level 0, release_kv_cache_memory); "
+              "scripts/gpu-check parts 1-2"),
 )
 
 

@@ -14,8 +14,12 @@ something to show. Built once per cache directory (seconds) and reused afterward
 - model B (``tiny-qwen2-v2``): Qwen2, 4 layers, hidden 192, grouped-query attention (2 KV heads),
   its own tokenizer: a switch A -> B changes weights, compiled graphs and the KV-cache layout.
 - two LoRA adapters for A (PEFT files), for the adapter-switch scenario.
+- a hybrid model (``tiny-llama-hybrid-v1``): Llama, 2 layers, hidden 512, about 35 MB in 16 MB
+  shards, layer 0 a sliding window of 64 tokens and layer 1 full attention (Llama's
+  ``layer_types``): vLLM gives it two KV-cache groups that share one allocation, as Gemma 2/3,
+  gpt-oss and Llama 4 have.
 
-Usage: ``python -m otel_ttft.tools.tiny_model [CACHE_DIR] [--which a|b|lora|all]`` prints the
+Usage: ``python -m otel_ttft.tools.tiny_model [CACHE_DIR] [--which a|b|lora|hybrid|all]`` prints the
 directories.
 """
 
@@ -37,6 +41,8 @@ from otel_ttft.runtime import environment_variables
 
 MODEL_NAME = "tiny-llama-v2"  # bump when anything below changes: the cache is keyed by this name
 MODEL_B_NAME = "tiny-qwen2-v2"  # the same rule for model B
+HYBRID_NAME = "tiny-llama-hybrid-v1"  # the same rule for the hybrid model
+HYBRID_WINDOW = 64  # tokens the hybrid model's sliding-window layer attends to
 LORA_NAME = "tiny-llama-v2-lora-v1"  # directory holding the adapters for model A
 LORA_ADAPTERS = ("lora-a", "lora-b")
 LORA_RANK = 4
@@ -69,12 +75,21 @@ class ModelSpec:
     num_kv_heads: int
     max_shard_size: str
     seed: int
+    #: per layer "sliding_attention" or "full_attention" (empty: every layer full attention)
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None
 
 
 SPEC_A = ModelSpec(MODEL_NAME, "LlamaForCausalLM", VOCAB_SIZE, HIDDEN_SIZE, INTERMEDIATE_SIZE,
                    NUM_LAYERS, NUM_HEADS, NUM_HEADS, MAX_SHARD_SIZE, SEED)
 # About 10 MB in float32: larger than A and read from more shards.
 SPEC_B = ModelSpec(MODEL_B_NAME, "Qwen2ForCausalLM", 3072, 192, 512, 4, 6, 2, "2MB", 1)
+# About 35 MB in float32, in 16 MB shards: larger than a disk's readahead (8 MiB on the
+# development VM), so a cold read of it faults pages in tensor by tensor.
+SPEC_HYBRID = ModelSpec(HYBRID_NAME, "LlamaForCausalLM", VOCAB_SIZE, 512, 1536, NUM_LAYERS, 8, 8,
+                        "16MB", SEED,
+                        layer_types=("sliding_attention", "full_attention"),
+                        sliding_window=HYBRID_WINDOW)
 CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant:{% endif %}"
@@ -105,6 +120,11 @@ def ensure_tiny_model(cache_dir: str | os.PathLike[str] | None = None) -> Path:
 def ensure_tiny_model_b(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """Return ``<cache_dir>/tiny-qwen2-v2`` (model B), building it first if needed."""
     return _ensure(cache_dir, MODEL_B_NAME, lambda out: _build(out, SPEC_B))
+
+
+def ensure_tiny_hybrid_model(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Return ``<cache_dir>/tiny-llama-hybrid-v1`` (sliding window + full attention)."""
+    return _ensure(cache_dir, HYBRID_NAME, lambda out: _build(out, SPEC_HYBRID))
 
 
 def ensure_lora_adapters(cache_dir: str | os.PathLike[str] | None = None) -> dict[str, Path]:
@@ -175,6 +195,8 @@ def _build(out: Path, spec: ModelSpec) -> None:
         max_position_embeddings=MAX_POSITIONS, rms_norm_eps=1e-5, tie_word_embeddings=False,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id, dtype="float32",
+        **({"layer_types": list(spec.layer_types), "sliding_window": spec.sliding_window}
+           if spec.layer_types else {}),
     )
     # fork_rng: seed for reproducible weights without disturbing the caller's RNG state.
     with torch.random.fork_rng(devices=[]):
@@ -310,12 +332,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cache_dir", nargs="?", default=None,
         help=f"parent directory (default: ${ENV_CACHE} or ~/.cache/otel-ttft)",
     )
-    parser.add_argument("--which", choices=("a", "b", "lora", "all"), default="a")
+    parser.add_argument("--which", choices=("a", "b", "lora", "hybrid", "all"), default="a")
     args = parser.parse_args(argv)
     if args.which in ("a", "all"):
         print(ensure_tiny_model(args.cache_dir))
     if args.which in ("b", "all"):
         print(ensure_tiny_model_b(args.cache_dir))
+    if args.which in ("hybrid", "all"):
+        print(ensure_tiny_hybrid_model(args.cache_dir))
     if args.which in ("lora", "all"):
         for path in ensure_lora_adapters(args.cache_dir).values():
             print(path)

@@ -18,13 +18,16 @@ def all_hooks() -> list[Hook]:
         ranks,
         request,
         rpc,
+        sleep,
         switch,
+        vllm_tracing,
         warmup,
     )
 
     return [*activation.HOOKS, *load.HOOKS, *warmup.HOOKS, *rpc.HOOKS, *switch.HOOKS,
+            *sleep.HOOKS,
             *fault.HOOKS, *request.HOOKS,
-            *first_use.HOOKS,
+            *first_use.HOOKS, *vllm_tracing.HOOKS,
             # last: outermost on WorkerProc.__init__, so the ranks are known before the worker's
             # first span (its process start) is emitted
             *ranks.HOOKS]
@@ -42,6 +45,7 @@ def all_parts() -> list[PartSpec]:
         forecast_gauge,
         load,
         request,
+        sleep,
         switch,
         warmup,
     )
@@ -62,6 +66,7 @@ def all_parts() -> list[PartSpec]:
         PartSpec(fault.PART, fault.ChildDeaths),
         PartSpec(first_use.PART, first_use.FirstUse),
         PartSpec(switch.PART, switch.SwitchState),
+        PartSpec(sleep.PART, sleep.SleepState),
         # --- load path ---
         *load.PARTS,
         # --- request path ---

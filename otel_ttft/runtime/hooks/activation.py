@@ -363,31 +363,6 @@ def _tags(args, kwargs) -> list[str]:
     return [str(t) for t in tags] if tags else ["all"]
 
 
-def _wrap_engine_sleep(act, call, instance, args, kwargs):
-    """Sleep may finish later (EngineCore drains in-flight requests first): end the span then."""
-    level = args[0] if args else kwargs.get("level", 1)
-    # Under the API process's vllm.switch when it offered one (hooks/switch.py).
-    span = act.tracer.start_span(semconv.SPAN_SLEEP, context=handoff.taken("sleep"),
-                                 start_time=clock.now_ns(),
-                                 attributes={semconv.ATTR_STAGE: semconv.STAGE_SWITCH_SLEEP})
-    spans.tag_span(span, semconv.STAGE_SWITCH_SLEEP, {semconv.ATTR_SLEEP_LEVEL: int(level)},
-                   act.identity)
-    token = otel_context.attach(trace.set_span_in_context(span))
-    try:
-        result = call(*args, **kwargs)
-    except BaseException as exc:
-        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-        span.end(end_time=clock.now_ns())
-        raise
-    finally:
-        otel_context.detach(token)
-    if hasattr(result, "add_done_callback"):
-        result.add_done_callback(lambda _f: span.end(end_time=clock.now_ns()))
-    else:
-        span.end(end_time=clock.now_ns())
-    return result
-
-
 def _wrap_worker_wake_up(act, call, instance, args, kwargs):
     with spans.stage_span(semconv.SPAN_WAKE_UP, semconv.STAGE_LOAD_H2D,
                           attributes={semconv.ATTR_WAKE_TAGS: _tags(args, kwargs)},
@@ -429,14 +404,10 @@ HOOKS = [
          state=PART),
     Hook("activation.engine_core_ready", f"{_CORE}:EngineCoreProc.run_busy_loop", _wrap_busy_loop,
          process=ENGINE_CORE, state=PART),
-    Hook("switch.engine_sleep", f"{_CORE}:EngineCore.sleep", _wrap_engine_sleep,
-         stage=semconv.STAGE_SWITCH_SLEEP, process=ENGINE_CORE, state=PART),
     Hook("switch.api_wake_up", "vllm.v1.engine.async_llm:AsyncLLM.wake_up", _wrap_api_wake_up,
          stage=semconv.STAGE_LOAD_H2D, process=API_SERVER, state=PART),
     Hook("switch.engine_wake_up", f"{_CORE}:EngineCore.wake_up", _wrap_engine_wake_up,
          stage=semconv.STAGE_LOAD_H2D, process=ENGINE_CORE, state=PART),
-    Hook("switch.worker_sleep", "vllm.v1.worker.gpu_worker:Worker.sleep", _wrap_engine_sleep,
-         stage=semconv.STAGE_SWITCH_SLEEP, process=WORKER, state=PART),
     Hook("switch.worker_wake_up", "vllm.v1.worker.gpu_worker:Worker.wake_up", _wrap_worker_wake_up,
          stage=semconv.STAGE_LOAD_H2D, process=WORKER, state=PART),
 ]

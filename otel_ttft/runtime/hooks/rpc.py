@@ -22,6 +22,7 @@ from otel_ttft.semconv import PROCESS_ENGINE_CORE as ENGINE_CORE
 TRACED_RPC_METHODS = frozenset({
     "init_device", "load_model", "determine_available_memory", "initialize_from_config",
     "compile_or_warm_up_model", "get_kv_cache_spec", "initialize_cache", "sleep", "wake_up",
+    "discard",
     "add_lora", "reset_prefix_cache",
 })
 

@@ -255,9 +255,26 @@ async def _wrap_api_sleep(switch, call, instance, args, kwargs):
         return await call(*args, **kwargs)
 
 
+async def _wrap_api_release_kv(switch, call, instance, args, kwargs):
+    """``/release_kv_cache_memory``: the KV cache given back, the weights kept; EngineCore's
+    "Release KV cache memory" joins it through handoff."""
+    if not config.tracing_ready(switch.config):
+        return await call(*args, **kwargs)
+    attrs = {semconv.ATTR_SWITCH_REASON: semconv.SWITCH_REASON_RELEASE_KV,
+             semconv.GEN_AI_REQUEST_MODEL: switch.identity.served_model}
+    with spans.stage_span(semconv.SPAN_SWITCH, semconv.STAGE_SWITCH, attributes=attrs,
+                          context=otel_context.Context(), tracer=switch.tracer,
+                          identity=switch.identity), \
+            handoff.offered("release_kv_cache_memory"):
+        return await call(*args, **kwargs)
+
+
 HOOKS = [
     Hook("switch.on_signal", "uvicorn.server:Server.startup", _wrap_uvicorn_startup,
          stage=semconv.STAGE_SWITCH, process=API_SERVER, state=PART),
     Hook("switch.api_sleep", "vllm.v1.engine.async_llm:AsyncLLM.sleep", _wrap_api_sleep,
          stage=semconv.STAGE_SWITCH, process=API_SERVER, state=PART),
+    Hook("switch.api_release_kv", "vllm.v1.engine.async_llm:AsyncLLM.release_kv_cache_memory",
+         _wrap_api_release_kv, stage=semconv.STAGE_SWITCH, process=API_SERVER, optional=True,
+         state=PART),
 ]

@@ -13,7 +13,7 @@ from typing import Any
 from opentelemetry import trace
 
 from otel_ttft import semconv
-from otel_ttft.runtime.hooks import capture, runners
+from otel_ttft.runtime.hooks import capture, kv_layout, runners
 from otel_ttft.runtime.hooks.registry import Hook, report_failure
 from otel_ttft.runtime.hooks.request import worker as request_worker
 from otel_ttft.runtime.telemetry import spans
@@ -177,19 +177,6 @@ def _wrap_monitor_torch_compile(warmup: Warmup, call, instance, args, kwargs):
     return _traced_compile(warmup, inner, vllm_config, aot_probe=aot_probe)
 
 
-def _kv_cache_attributes(kv_cache_config: Any) -> dict[str, Any]:
-    num_blocks = int(kv_cache_config.num_blocks)
-    groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
-    block_size = int(groups[0].kv_cache_spec.block_size) if groups else None
-    tensors = getattr(kv_cache_config, "kv_cache_tensors", None) or []
-    return {
-        semconv.ATTR_KV_BLOCKS: num_blocks,
-        semconv.ATTR_KV_BLOCK_SIZE: block_size,
-        semconv.ATTR_KV_BYTES: sum(int(t.size) for t in tensors),
-        semconv.ATTR_KV_TOKEN_CAPACITY: num_blocks * block_size if block_size else None,
-    }
-
-
 def _wrap_initialize_kv_cache(warmup, call, instance, args, kwargs):
     """V1's and V2's ``initialize_kv_cache`` (one signature) run inside vLLM's "Allocate KV
     cache" (the worker opens it): our numbers on it, or our span of that name where it is not
@@ -199,7 +186,8 @@ def _wrap_initialize_kv_cache(warmup, call, instance, args, kwargs):
         return call(*args, **kwargs)
     with spans.stage_span(semconv.SPAN_KV_ALLOC, semconv.STAGE_WARMUP_KV_ALLOC,
                           enrich="Allocate KV cache",
-                          attributes={**_kv_cache_attributes(kv_cache_config),
+                          attributes={**kv_layout.kv_cache_attributes(
+                                          kv_cache_config, getattr(instance, "vllm_config", None)),
                                       **runners.runner_attributes(instance)},
                           tracer=warmup.tracer, identity=warmup.identity):
         return call(*args, **kwargs)

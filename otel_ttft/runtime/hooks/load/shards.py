@@ -53,6 +53,9 @@ class LoadPass:
         self.read_s = 0.0
         self.resident_weighted = 0.0
         self.resident_bytes = 0
+        self.after_weighted = 0.0  # residency once read, byte-weighted
+        self.after_bytes = 0
+        self.faulted_bytes = 0  # storage reads faulted in by the reader (safetensors' map)
         self.consumer_s = 0.0  # time the consumer held each tensor (copy side)
         self.tensor_bytes = 0
         self.started = time.perf_counter()
@@ -74,6 +77,10 @@ class LoadPass:
             if shard.resident is not None:
                 self.resident_weighted += shard.resident * max(shard.size, 1)
                 self.resident_bytes += max(shard.size, 1)
+            if shard.resident_after is not None:
+                self.after_weighted += shard.resident_after * max(shard.size, 1)
+                self.after_bytes += max(shard.size, 1)
+            self.faulted_bytes += shard.faulted_bytes
 
     def delivered(self, nbytes: int) -> None:
         """A tensor handed to the consumer (the copy side's bytes)."""
@@ -140,15 +147,18 @@ class LoadState:
             resident = self._resident(path)
         return ShardRead(self, path, file_format, reader, resident=resident, start_ns=start_ns)
 
-    def _resident(self, path: str) -> float | None:
+    def libc(self) -> Any:
+        """libc for the page-cache probes (None where it cannot be found), found once."""
         if self._libc is None:
             try:
                 self._libc = pagecache.open_libc()
             except OSError:
                 self._libc = False
-        if self._libc is False:
-            return None
-        return pagecache.resident_ratio(path, libc=self._libc)
+        return self._libc or None
+
+    def _resident(self, path: str) -> float | None:
+        libc = self.libc()
+        return None if libc is None else pagecache.resident_ratio(path, libc=libc)
 
     def _started(self, read: ShardRead) -> None:
         with self._lock:
@@ -244,6 +254,8 @@ class ShardRead:
         self.size = 0
         self.read_s = 0.0
         self.tensors = 0
+        self.faulted_bytes = 0
+        self.resident_after: float | None = None
 
     def start(self) -> None:
         try:
@@ -271,8 +283,13 @@ class ShardRead:
         self.state._ended(self)
         end_ns = end_ns if end_ns is not None else clock.now_ns()
         gbps = self.size / self.read_s / 1e9 if self.read_s > 0 else None
+        if self.resident is not None:  # probed before: probe after
+            self.resident_after = self.state._resident(self.path)
         span.set_attributes({semconv.ATTR_READ_SECONDS: self.read_s,
-                             semconv.ATTR_SHARD_TENSORS: self.tensors})
+                             semconv.ATTR_SHARD_TENSORS: self.tensors,
+                             semconv.ATTR_LOAD_FAULTED_BYTES: self.faulted_bytes})
+        if self.resident_after is not None:
+            span.set_attribute(semconv.ATTR_PAGE_CACHE_RESIDENT_AFTER, self.resident_after)
         if gbps is not None:
             span.set_attribute(semconv.ATTR_READ_GB_PER_S, gbps)
         span.end(end_time=end_ns)
@@ -315,6 +332,11 @@ def totals(load: LoadPass, wall_s: float) -> dict[str, Any]:
         attrs[semconv.ATTR_LOAD_READ_AGGREGATE_GB_PER_S] = load.bytes / union_s / 1e9
     if load.resident_bytes:
         attrs[semconv.ATTR_PAGE_CACHE_RESIDENT] = load.resident_weighted / load.resident_bytes
+    if load.after_bytes:
+        attrs[semconv.ATTR_PAGE_CACHE_RESIDENT_AFTER] = load.after_weighted / load.after_bytes
+    attrs[semconv.ATTR_LOAD_FAULTED_BYTES] = load.faulted_bytes
+    if load.tensor_bytes:
+        attrs[semconv.ATTR_LOAD_COPY_SECONDS] = load.consumer_s
     if load.paths:
         attrs[semconv.ATTR_CHECKPOINT_BYTES] = checkpoint_bytes(load.paths)
         found = storage.evidence(load.paths)

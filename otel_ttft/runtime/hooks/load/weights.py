@@ -7,9 +7,11 @@ time) and hands each tensor on; the one on ``safe_open`` notes, for the iterator
 thread, which file is open from now on (page-cache residency measured just before). A file's span
 runs from its ``safe_open`` to the opening of the next file (or the end of the iterator) and is
 made once a tensor comes from it (a file all of whose tensors are skipped has none); its read
-seconds are the time spent inside vLLM's reader while it was open (header, ``get_tensor``), so
-``read seconds`` and GB/s are the storage side, while the consumer's time (copying into
-parameters: host-to-device on a GPU) is reported separately as ``ttft.h2d.*`` by the totals on
+seconds are the time spent inside vLLM's reader while it was open (header, ``get_tensor``, and
+the storage reads of each tensor's memory-mapped pages, faulted in before the tensor is handed
+on: ``pagecache.fault_in``), so ``read seconds`` and GB/s are the storage side, while the
+consumer's time (copying into parameters: host-to-device on a GPU) is reported separately as
+``ttft.load.copy.seconds`` and ``ttft.h2d.*`` by the totals on
 ``Load weights``. The other load formats' readers are in ``formats``; the rest of "Load model"
 in ``finish``.
 """
@@ -25,6 +27,7 @@ from opentelemetry import trace
 
 from otel_ttft import semconv
 from otel_ttft.runtime import clock
+from otel_ttft.runtime.hooks.load import pagecache
 from otel_ttft.runtime.hooks.load.shards import STATE, LoadState, ShardRead, tensor_nbytes
 from otel_ttft.runtime.hooks.registry import Hook, report_failure
 from otel_ttft.semconv import PROCESS_WORKER as WORKER
@@ -46,8 +49,9 @@ class _OpenFiles:
     def open(self, entered_ns: int, entered: float, read: ShardRead) -> None:
         self.opened.append((entered_ns, entered, read, time.perf_counter()))
 
-    def step(self, t0: float, t1: float, delivered: bool) -> None:
-        """One step of vLLM's generator ran from ``t0`` to ``t1`` and yielded a tensor or not."""
+    def step(self, t0: float, t1: float, delivered: bool, faulted: int = 0) -> None:
+        """One step of vLLM's generator ran from ``t0`` to ``t1`` and yielded a tensor or not
+        (``faulted``: its bytes read from storage as we faulted them in, within the step)."""
         opened, self.opened = self.opened, []
         if opened:
             closed_ns, closed_at = opened[0][0], opened[0][1]
@@ -62,6 +66,7 @@ class _OpenFiles:
             self.current.read_s += t1 - t0
         if delivered and self.current is not None:
             self.current.tensors += 1
+            self.current.faulted_bytes += faulted
 
     def close(self) -> None:
         current, self.current = self.current, None
@@ -98,6 +103,19 @@ def _noting(hook: Hook, note: Callable[..., None], *args: Any) -> None:
         report_failure(hook, exc)
 
 
+def _faulted_in(load: LoadState, item: Any) -> int:
+    """The storage reads of the tensor about to be handed over, done now (the step's time, the
+    read stage) rather than as page faults in the consumer's copy (see ``pagecache.fault_in``)."""
+    if SAFETENSORS_READS.failed:
+        return 0
+    try:
+        libc = load.libc()
+        return pagecache.fault_in(item[1], libc) if libc is not None else 0
+    except Exception as exc:  # noqa: BLE001
+        report_failure(SAFETENSORS_READS, exc)
+        return 0
+
+
 def _shards_by_open_file(load: LoadState, inner: Iterator[Any]) -> Iterator[Any]:
     """vLLM's generator, item for item, each step timed and charged to the file open in it."""
     files = _OpenFiles()
@@ -112,7 +130,8 @@ def _shards_by_open_file(load: LoadState, inner: Iterator[Any]) -> Iterator[Any]
                 return
             finally:
                 load.leave_reading(previous)
-            _noting(SAFETENSORS_READS, files.step, t0, time.perf_counter(), True)
+            faulted = _faulted_in(load, item)
+            _noting(SAFETENSORS_READS, files.step, t0, time.perf_counter(), True, faulted)
             yield item
     finally:
         try:
