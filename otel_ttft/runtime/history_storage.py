@@ -183,7 +183,8 @@ def where(environ: Mapping[str, str] | None = None) -> dict:
     return {"path": path, "resolved": real, "source": source, **assess(real, mounts, hints)}
 
 
-def _here() -> tuple[list[Mount], list[str]]:
+def here() -> tuple[list[Mount], list[str]]:
+    """This process's mounts and container hints (what :func:`assess` takes)."""
     mounts = parse_mountinfo(_read("/proc/self/mountinfo"))
     return mounts, container_hints(os.path.exists, os.environ, _read("/proc/1/cgroup"), mounts)
 
@@ -195,7 +196,7 @@ def lost_note(path: str | os.PathLike[str], mounts: list[Mount] | None = None,
     Reads this process's mounts unless given them; never raises."""
     try:
         if mounts is None or hints is None:
-            mounts, hints = _here()
+            mounts, hints = here()
         got = assess(resolved(path), mounts, hints)
     except Exception:  # noqa: BLE001 - a note, never an error
         return None
