@@ -8,6 +8,8 @@ machine alike the planted step outweighs the three processes' imports, as a larg
   longer than it did, every time: the tiny model's compile made as heavy as a large model's. A
   kept cache helps it exactly as much as it helps the real one (with torch 2.13 the FX graph
   cache never hits across processes, the kernels' code cache does: codegen 24 s -> 8.5 s here).
+- ``read``: vLLM's safetensors iterator, after the first tensor of its first shard, sleeps FACTOR
+  times the process's age (inside that shard's read span): a checkpoint read from slow storage.
 - ``profile``: vLLM's CPU memory probe, where the profile run calls it, sleeps FACTOR times the
   process's age (its interpreter start and imports), whatever the settings: a start-up cost no
   vLLM setting removes.
@@ -65,6 +67,32 @@ def register():
     if not getattr(cfx, "_ttft_test_planted", False):
         cfx._ttft_test_planted = True
         cfx.fx_codegen_and_compile = _heavier(cfx.fx_codegen_and_compile)
+''',
+    "read": _COMMON + '''
+
+def _slow_iterator(inner):
+    factor = float(os.environ["TTFT_TEST_FACTOR"])
+    done = []
+
+    def slow(*args, **kwargs):
+        for item in inner(*args, **kwargs):
+            if not done:
+                done.append(True)
+                time.sleep(factor * _age())
+            yield item
+    return slow
+
+
+def register():
+    try:
+        from vllm.model_executor.model_loader import default_loader, weight_utils
+    except ImportError:
+        return
+    if not getattr(weight_utils, "_ttft_test_planted", False):
+        weight_utils._ttft_test_planted = True
+        slow = _slow_iterator(weight_utils.safetensors_weights_iterator)
+        weight_utils.safetensors_weights_iterator = slow
+        default_loader.safetensors_weights_iterator = slow
 ''',
     "profile": _COMMON + '''
 

@@ -30,9 +30,15 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from otel_ttft import semconv
 from otel_ttft.runtime import activation_history as history
-from otel_ttft.runtime import clock, environment_variables, history_storage
+from otel_ttft.runtime import (
+    clock,
+    compile_cache,
+    environment_variables,
+    history_storage,
+    prefix_memory,
+)
 from otel_ttft.runtime.hooks import activation_ledger as ledger
-from otel_ttft.runtime.telemetry import metrics, spans
+from otel_ttft.runtime.telemetry import bounded_export, metrics, spans
 
 # vLLM's own logger tree, so the verdict prints in the server's log as its lines do
 logger = logging.getLogger("vllm.otel_ttft")
@@ -79,6 +85,10 @@ class _Judged:
     #: prompt tokens of the cold requests that said how many came from the prefix cache, and those
     cold_prompt_tokens: int = 0
     cold_cached_tokens: int = 0
+    #: prompt tokens whose prefix warm requests found cached before this start, computed again,
+    #: and which prefixes (their deepest known block): the ones worth warming
+    cold_uncached_tokens: int = 0
+    cold_prefixes: set[str] = field(default_factory=set)
     finished: bool = False
     saving: threading.Thread | None = None  # the save at ready: the one after cold waits for it
 
@@ -91,6 +101,9 @@ class _Preload:
     path: Path | None = None
     loaded: history.Loaded | None = None
     done: threading.Event = field(default_factory=threading.Event)
+    prefix: prefix_memory.PrefixMemory | None = None
+    #: the compile cache as this start found it, before it compiled
+    compile_cache: compile_cache.CompileCacheState | None = None
 
 
 PART = "verdict"
@@ -110,6 +123,8 @@ class LiveVerdict:
         self._lock = threading.Lock()
         self._feed: Any = None  # the gauge's feed, once a verdict exists
         self._closed = False
+        self.prefix = prefix_memory.PrefixMemory()  # the prefix cache before this start
+        bounded_export.before_exit_flush(self._save_prefixes)
 
     def note_config(self, vllm_config: Any) -> None:
         """The API server knows its engine config: start reading the history in a thread.
@@ -123,6 +138,15 @@ class LiveVerdict:
             return
         self._preload = pre = _Preload(key=_key(summary), config=summary,
                                        model=_served_name(vllm_config))
+        cache = getattr(vllm_config, "cache_config", None)
+        if getattr(cache, "enable_prefix_caching", False):
+            algo = str(getattr(cache, "prefix_caching_hash_algo", "") or "")
+            self.prefix.configure(
+                _key({"model": summary.get("model_config.model", ""), "algo": algo,
+                      "block_size": summary.get("cache_config.block_size", ""),
+                      "vllm": summary.get("vllm.version", "")}),
+                pre.model, algo, os.environ.get("PYTHONHASHSEED") is not None)
+            pre.prefix = self.prefix
         threading.Thread(target=_load, args=(pre,), name="otel-ttft-verdict-history",
                          daemon=True).start()
 
@@ -175,10 +199,29 @@ class LiveVerdict:
         finally:
             judged.done.set()
 
+    def prefix_seen(self, cold: bool, prompt_tokens: int | None, cached_tokens: int | None,
+                    hashes: list[bytes], tokens_per_hash: int) -> prefix_memory.Seen | None:
+        """A request EngineCore shipped its prompt's block hashes for, after the fact: what it
+        found cached joins the baseline; for a cold one, how much of its prompt had been cached
+        before this start (``None``: not measured)."""
+        if self._closed or not prompt_tokens or cached_tokens is None:
+            return None
+        memory = self.prefix
+        seen = memory.seen(hashes, tokens_per_hash, prompt_tokens) if cold else None
+        memory.found_cached(hashes, tokens_per_hash, prompt_tokens, cached_tokens)
+        return seen
+
+    def _save_prefixes(self) -> None:
+        problem = self.prefix.save()
+        if problem:
+            logger.debug("otel-ttft: prefix baseline not saved: %s", problem)
+
     def request_done(self, activation: Any, index: int, ttft_s: float | None,
                      stages: dict[str, float], warmup: Any = (), *,
                      prompt_tokens: int | None = None,
-                     cached_tokens: int | None = None) -> None:
+                     cached_tokens: int | None = None,
+                     uncached_prefix_tokens: int = 0,
+                     prefix: str | None = None) -> None:
         """A request finished (``index``: its place after its activation, 1 = first). Once
         the activation's cold requests are all done, judge it again with their warm-up
         counted, and with how much of their prompts vLLM's prefix cache held."""
@@ -195,6 +238,10 @@ class LiveVerdict:
             if prompt_tokens and cached_tokens is not None:
                 judged.cold_prompt_tokens += prompt_tokens
                 judged.cold_cached_tokens += min(cached_tokens, prompt_tokens)
+            if uncached_prefix_tokens > 0:
+                judged.cold_uncached_tokens += uncached_prefix_tokens
+                if prefix is not None and len(judged.cold_prefixes) < 1024:
+                    judged.cold_prefixes.add(prefix)
             judged.cold_done += 1
             if judged.cold_done < cold:
                 return
@@ -215,6 +262,15 @@ class LiveVerdict:
             if judged.cold_prompt_tokens:
                 cold.update(prompt_tokens=judged.cold_prompt_tokens,
                             cached_tokens=judged.cold_cached_tokens)
+            before = judged.pre.prefix.before if judged.pre.prefix is not None else None
+            if before is not None:  # measured against the warm requests before this start
+                cold.update(uncached_prefix_tokens=judged.cold_uncached_tokens,
+                            prefixes=len(judged.cold_prefixes),
+                            warm_requests=before.requests,
+                            warm_cached_share=round(before.cached_share or 0.0, 4))
+                if judged.cold_uncached_tokens and judged.vocab is None \
+                        and judged.vocab_error is None:  # the warm-up's route, in its words
+                    judged.vocab, judged.vocab_error, judged.vocab_note = _vocabulary()
             record = dict(judged.record, cold=cold)
             result = diagnosis.judge(record, judged.earlier,
                                      phase=semconv.VERDICT_PHASE_COLD_REQUESTS,
@@ -254,6 +310,7 @@ class LiveVerdict:
     def close(self) -> None:
         """Judge nothing more; the gauge stops reporting this process's verdict."""
         self._closed = True
+        bounded_export.forget_before_exit_flush(self._save_prefixes)
         if self._feed is not None:
             metrics.stop_feeding(self._feed, self._observe)
             self._feed = None
@@ -300,19 +357,19 @@ def _load(pre: _Preload) -> None:
             root = str(envs.VLLM_CACHE_ROOT)
         except Exception:  # noqa: BLE001 - no vLLM cache root: only an explicit path
             root = None
+        if root:  # before this start compiles: what the compile will find
+            pre.compile_cache = compile_cache.inspect(root)
         pre.path = history.default_path(root)
         pre.loaded = history.load(pre.path) if pre.path else history.Loaded(
             problem="no history path (VLLM_CACHE_ROOT unknown)", ours=False)
+        if pre.prefix is not None and pre.path is not None:
+            pre.prefix.load(prefix_memory.path_beside(pre.path))
         if pre.path and not pre.loaded.records and pre.loaded.problem is None:
             pre.loaded.problem = history_storage.lost_note(pre.path)  # a container's own disk
     except Exception as exc:  # noqa: BLE001 - never an error for the server
         pre.loaded = history.Loaded(problem=f"history not read: {type(exc).__name__}")
     finally:
         pre.done.set()
-
-
-
-
 
 
 def _vocabulary() -> tuple[Any, str | None, str | None]:
@@ -325,15 +382,17 @@ def _vocabulary() -> tuple[Any, str | None, str | None]:
                            _VOCABULARY_READ_S)
 
 
-
-
 def _record(diagnosis: Any, pre: _Preload, trace_hex: str, start_ns: int, end_ns: int) -> dict:
     part = ledger.gather(trace_hex)
     stages = diagnosis.stage_seconds(part["intervals"], start_ns, end_ns)
     ratio = part["resident_ratio"]
     storage = part["shard_bytes"] * (1.0 - ratio) if ratio is not None else part["shard_bytes"]
     hits = part["compile_hits"]
-    facts = part["facts"]
+    facts = dict(part["facts"])
+    if pre.compile_cache is not None:  # what the compile found, for the fix to say
+        facts["compile_cache"] = pre.compile_cache.summary(facts.get("compile_cache_dir"))
+    if part.get("shard_paths"):
+        facts["shard_paths"] = part["shard_paths"]
     return {
         "id": trace_hex, "key": pre.key, "model": pre.model, "kind": "start",
         "at": round(time.time(), 3), "duration_s": round((end_ns - start_ns) / 1e9, 6),
@@ -353,8 +412,6 @@ def _save(path: Path | None, record: dict) -> None:
         logger.debug("otel-ttft: activation history not saved: %s", problem)
 
 
-
-
 def _add_request_stages(into: dict[str, float], stages: dict[str, float], warmup: Any) -> None:
     """A request's TTFT stages, its warm-up work (first use, a compile, an adapter load) taken
     out of the stage it happened in (front end; prefill) and named as the warm-up it was."""
@@ -372,8 +429,6 @@ def _add_request_stages(into: dict[str, float], stages: dict[str, float], warmup
         own[stage] = own.get(stage, 0.0) + taken
     for k, v in own.items():
         into[k] = into.get(k, 0.0) + v
-
-
 
 
 def attributes(result: dict) -> dict[str, Any]:

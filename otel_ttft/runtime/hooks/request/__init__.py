@@ -121,6 +121,6 @@ def _api_part(ps: ProcessState) -> api.ApiRequests:
 
 PARTS: list[PartSpec] = [
     PartSpec(API, _api_part),
-    PartSpec(ENGINE, lambda ps: engine.EngineRequests()),
+    PartSpec(ENGINE, lambda ps: engine.EngineRequests(ps.config.cold_requests)),
     PartSpec(WORKER_PART, lambda ps: worker.WorkerSteps()),
 ]

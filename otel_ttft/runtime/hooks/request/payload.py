@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from math import isfinite
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 
-VERSION = 3
+VERSION = 4
 SCHEDULED, PREEMPTED = "S", "P"  # schedule event kinds (same letters as ``timeline``)
 
 
@@ -127,6 +127,22 @@ class WorkerNotes:
     """CPU steps it timed that ran some prefill."""
 
 
+#: blocks of a prompt whose hashes ride along (vLLM's hash block size each: 16 tokens -> 4,096)
+MAX_PREFIX_BLOCKS = 256
+PREFIX_HASH_BYTES = 8  # of each vLLM block hash: a 64-bit prefix of its chained digest
+
+
+class PrefixBlocks(msgspec.Struct, array_like=True, frozen=True):
+    """The start of vLLM's own block hashes of a request's prompt (``Request.block_hashes``,
+    chained: each fingerprints the whole prefix up to its block's end), for the few requests the
+    prefix baseline needs (``engine.EngineRequests.wants_prefix``)."""
+
+    tokens: int
+    """Tokens per hashed block (the scheduler's ``hash_block_size``)."""
+    hashes: list[bytes]
+    """The first ``PREFIX_HASH_BYTES`` of each block's hash, in prompt order."""
+
+
 @dataclass(slots=True)
 class EnginePayload:
     """One request as EngineCore saw it (all times ``time.monotonic()`` seconds, host-wide)."""
@@ -161,14 +177,28 @@ class EnginePayload:
     """Its first prefill step's CUDA-graph decision (GPU, graphs captured; else ``None``)."""
     lora_id: int = 0
     """Its adapter's ``lora_int_id`` (0: none). EngineCore-side only: not shipped."""
+    block_hashes: Any = None
+    """vLLM's ``Request.block_hashes`` list (referenced, never copied at arrival) when this
+    request's prefix is wanted, with ``hash_tokens``. EngineCore-side only: shipped as
+    ``prefix``."""
+    hash_tokens: int = 0
+    prefix: PrefixBlocks | None = None
+    """The API side's reading of them."""
+
+
+def _prefix_blocks(p: EnginePayload) -> PrefixBlocks | None:
+    if not p.block_hashes or p.hash_tokens <= 0:
+        return None
+    n = PREFIX_HASH_BYTES
+    return PrefixBlocks(p.hash_tokens, [bytes(h[:n]) for h in p.block_hashes[:MAX_PREFIX_BLOCKS]])
 
 
 def encode(p: EnginePayload) -> str:
     """The header value: ``[VERSION, queued, attempts, waiting, running, free, total, schedule,
-    adapter, compile, steps, engine_waits, graph]`` as compact JSON."""
+    adapter, compile, steps, engine_waits, graph, prefix]`` as compact JSON."""
     return _encode(_Wire(VERSION, p.queued, p.attempts, p.waiting, p.running, p.free, p.total,
                          p.schedule, p.adapter, p.compile, p.steps, p.engine_waits,
-                         p.graph)).decode()
+                         p.graph, _prefix_blocks(p))).decode()
 
 
 _Count = Annotated[int, msgspec.Meta(ge=0)]
@@ -192,6 +222,7 @@ class _Wire(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     steps: list[StepTime]
     engine_waits: list[EngineWait]
     graph: GraphChoice | None
+    prefix: PrefixBlocks | None = None
 
 
 _encode = msgspec.json.Encoder().encode
@@ -226,6 +257,9 @@ def decode(value: str) -> EnginePayload | None:
     if w.graph is not None and (w.graph.tokens < 0 or w.graph.max_captured < 0
                                 or len(w.graph.mode) > 32):
         return None
+    if w.prefix is not None and (w.prefix.tokens <= 0
+                                 or len(w.prefix.hashes) > MAX_PREFIX_BLOCKS):
+        return None
     for wait in w.engine_waits:
         if not (isfinite(wait.start) and isfinite(wait.end) and isfinite(wait.queued)
                 and wait.queued >= 0):
@@ -234,4 +268,4 @@ def decode(value: str) -> EnginePayload | None:
     # compiled): the API process keeps a payload as long as its request, untracked by the GC.
     return EnginePayload(w.queued, w.waiting, w.running, w.free, w.total, w.attempts,
                          w.schedule or (), w.adapter, w.compile or (), w.steps or (),
-                         w.engine_waits or (), w.graph)
+                         w.engine_waits or (), w.graph, prefix=w.prefix)
