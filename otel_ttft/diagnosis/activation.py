@@ -164,7 +164,7 @@ def judge(current: dict, earlier: Sequence[dict], *, phase: str = semconv.VERDIC
                    change=_knobs(first) if first else [])
         if first is not None and not out["change"] and first["side"] != change.SIDE_CLIENT:
             out["fix"] = first["reason"]  # a command, not a flag: its words are the fix
-        out["alternatives"] = [" ".join(_knobs(c)) for c in concrete[1:] if _knobs(c)][:3]
+        out["alternatives"] = _alternatives(proposal["candidates"], first, vocab)
     if found:
         cold_prefix.name_it(out, found, vocab)
     lost = compile_fix.finding(current, len(base), vocab)
@@ -172,6 +172,21 @@ def judge(current: dict, earlier: Sequence[dict], *, phase: str = semconv.VERDIC
         out["compile_cache"] = lost
     out["summary"] = sentence(out)
     return out
+
+
+def _alternatives(candidates: list[dict], first: dict | None, vocab: Vocabulary | None,
+                  n: int = 3) -> list[str]:
+    """The other server-side changes in the installed vLLM's words, with the package a loader
+    needs where it is not known to be installed (a flag this vLLM lacks is never offered)."""
+    out = []
+    for c in candidates:
+        knobs = _knobs(c)
+        packages = vocab.loader_packages if vocab is not None else {}
+        lacks = [m for m in c["missing"] if m in packages]
+        if c is first or not knobs or c.get("driver") or len(lacks) != len(c["missing"]):
+            continue
+        out.append(" ".join(knobs) + (f" (needs {', '.join(lacks)} installed)" if lacks else ""))
+    return out[:n]
 
 
 def _knobs(candidate: dict) -> list[str]:

@@ -154,3 +154,27 @@ def correlation_note(stage: str, rows: list[dict], base_rows: list[dict], eviden
                 f"requests waiting at arrival ({waiting:g}) grew: nothing measured tracks TTFT"]
     return [f"the model was resident and warm: TTFT tracks {' and '.join(tracks)}; a model "
             f"switch here is only correlated, {stage} is the direct cause"]
+
+
+CACHE_SHARE_DROP = 0.10  # of the prompt: a fall in the cached share worth naming
+PROMPT_GROWTH = 1.10  # prompts this much longer than the baseline's are a longer context
+
+
+def cached_share_fell(rows: list[dict], base_rows: list[dict]) -> bool:
+    """Whether these requests read a smaller share of their prompts from vLLM's prefix cache
+    than the baseline's (by ``CACHE_SHARE_DROP``) with prompts no longer (``PROMPT_GROWTH``):
+    their extra prefill is the cache's, not the context's."""
+    def shares(rs: list[dict]) -> tuple[list[float], list[int]]:
+        out, tokens = [], []
+        for r in rs:
+            n, c = r.get("prompt_tokens"), (r.get("evidence") or {}).get("cached_tokens")
+            if isinstance(n, int) and n > 0 and isinstance(c, int) and c >= 0:
+                out.append(min(c, n) / n)
+                tokens.append(n)
+        return out, tokens
+    now, now_tokens = shares(rows)
+    base, base_tokens = shares(base_rows)
+    if not now or not base:
+        return False
+    return (_median(now) <= _median(base) - CACHE_SHARE_DROP
+            and _median(now_tokens) <= PROMPT_GROWTH * _median(base_tokens))

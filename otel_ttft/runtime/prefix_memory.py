@@ -183,7 +183,13 @@ class PrefixMemory:
 
     def save(self) -> str | None:
         """Write this model's table into the file (others' kept), under the history's lock;
-        ``None`` or why not."""
+        ``None`` or why not (then the next save tries again)."""
+        problem = self._save()
+        if problem is not None:
+            self._dirty = True
+        return problem
+
+    def _save(self) -> str | None:
         path, key = self.path, self.key
         if path is None or key is None or not self._dirty:
             return None

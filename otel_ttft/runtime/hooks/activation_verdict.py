@@ -16,7 +16,6 @@ disk; the verdict says so).
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import threading
@@ -38,24 +37,11 @@ from otel_ttft.runtime import (
     prefix_memory,
 )
 from otel_ttft.runtime.hooks import activation_ledger as ledger
+from otel_ttft.runtime.hooks import verdict_report
+from otel_ttft.runtime.hooks.verdict_report import attributes, config_summary  # noqa: F401
 from otel_ttft.runtime.telemetry import bounded_export, metrics, spans
 
-# vLLM's own logger tree, so the verdict prints in the server's log as its lines do
-logger = logging.getLogger("vllm.otel_ttft")
-
-# Arguments that change what a start does (and so what it is compared with); the cache
-# directories are left out on purpose: a changed cache is a cause to find, not a new baseline.
-_KEY_FIELDS = {
-    "model_config": ("model", "revision", "dtype", "max_model_len", "quantization",
-                     "enforce_eager", "tokenizer"),
-    "parallel_config": ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"),
-    "cache_config": ("block_size", "cache_dtype", "kv_cache_memory_bytes"),
-    "scheduler_config": ("max_num_seqs", "max_num_batched_tokens"),
-    "load_config": ("load_format",),
-    "compilation_config": ("mode", "cudagraph_mode"),
-    "device_config": ("device_type",),
-}
-
+logger = verdict_report.logger
 
 #: how long the verdict's thread waits for the history read begun at ``note_config``
 _HISTORY_WAIT_S = 30.0
@@ -133,16 +119,16 @@ class LiveVerdict:
                 or not history.enabled()):
             return
         try:
-            summary = config_summary(vllm_config)
+            summary = verdict_report.config_summary(vllm_config)
         except Exception:  # noqa: BLE001 - a config we cannot read: no verdict, no harm
             return
-        self._preload = pre = _Preload(key=_key(summary), config=summary,
-                                       model=_served_name(vllm_config))
+        self._preload = pre = _Preload(key=verdict_report.key(summary), config=summary,
+                                       model=verdict_report.served_name(vllm_config))
         cache = getattr(vllm_config, "cache_config", None)
         if getattr(cache, "enable_prefix_caching", False):
             algo = str(getattr(cache, "prefix_caching_hash_algo", "") or "")
             self.prefix.configure(
-                _key({"model": summary.get("model_config.model", ""), "algo": algo,
+                verdict_report.key({"model": summary.get("model_config.model", ""), "algo": algo,
                       "block_size": summary.get("cache_config.block_size", ""),
                       "vllm": summary.get("vllm.version", "")}),
                 pre.model, algo, os.environ.get("PYTHONHASHSEED") is not None)
@@ -293,8 +279,8 @@ class LiveVerdict:
         now = clock.now_ns()
         parent = trace.set_span_in_context(trace.NonRecordingSpan(judged.span_context))
         spans.emit_span(semconv.SPAN_ACTIVATION_VERDICT, now, now, context=parent,
-                        attributes=attributes(result), tracer=self._tracer)
-        self._latest = _report(result, judged.trace_hex)
+                        attributes=verdict_report.attributes(result), tracer=self._tracer)
+        self._latest = verdict_report.report(result, judged.trace_hex)
         if self._feed is None:
             self._feed = metrics.observable_gauge(
                 self._config, semconv.METRIC_ACTIVATION_VERDICT, self._observe, unit="s",
@@ -315,38 +301,6 @@ class LiveVerdict:
             metrics.stop_feeding(self._feed, self._observe)
             self._feed = None
         self._preload = self._judged = self._latest = None
-
-
-def config_summary(vllm_config: Any) -> dict[str, str]:
-    """The arguments a start is compared by, as strings, with vLLM's and torch's versions."""
-    out: dict[str, str] = {}
-    for part, names in _KEY_FIELDS.items():
-        section = getattr(vllm_config, part, None)
-        for name in names:
-            value = getattr(section, name, None) if section is not None else None
-            if value is not None:
-                out[f"{part}.{name}"] = str(value)[:200]
-    out["lora"] = str(getattr(vllm_config, "lora_config", None) is not None)
-    for module in ("vllm", "torch"):
-        version = getattr(sys.modules.get(module), "__version__", None)
-        if version:
-            out[f"{module}.version"] = str(version)
-    return out
-
-
-def _key(summary: dict[str, str]) -> str:
-    import hashlib
-    import json
-
-    return hashlib.sha256(json.dumps(summary, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _served_name(vllm_config: Any) -> str | None:
-    model = getattr(vllm_config, "model_config", None)
-    name = getattr(model, "served_model_name", None) or getattr(model, "model", None)
-    if isinstance(name, (list, tuple)):
-        name = name[0] if name else None
-    return str(name) if name else None
 
 
 def _load(pre: _Preload) -> None:
@@ -429,53 +383,3 @@ def _add_request_stages(into: dict[str, float], stages: dict[str, float], warmup
         own[stage] = own.get(stage, 0.0) + taken
     for k, v in own.items():
         into[k] = into.get(k, 0.0) + v
-
-
-def attributes(result: dict) -> dict[str, Any]:
-    """The ``ttft.verdict.*`` attributes of one verdict."""
-    attrs: dict[str, Any] = {
-        semconv.ATTR_VERDICT_PHASE: result["phase"],
-        semconv.ATTR_VERDICT_OUTCOME: result["outcome"],
-        semconv.ATTR_VERDICT_BASELINE: result["baseline"],
-        semconv.ATTR_VERDICT_BASELINE_COUNT: result["baseline_count"],
-        semconv.ATTR_VERDICT_STAGE: result["stage"],
-        semconv.ATTR_VERDICT_INCREASE_S: float(result["increase_s"]),
-        semconv.ATTR_VERDICT_DURATION_S: float(result["duration_s"]),
-        semconv.ATTR_VERDICT_RECOMMENDATION: result["recommendation"],
-        semconv.ATTR_VERDICT_SUMMARY: result["summary"],
-    }
-    optional = {semconv.ATTR_VERDICT_SUBSTAGE: result.get("substage"),
-                semconv.ATTR_VERDICT_SUBSTAGE_INCREASE_S: result.get("substage_increase_s"),
-                semconv.ATTR_VERDICT_BASELINE_S: result.get("baseline_s"),
-                semconv.ATTR_VERDICT_LAST_S: result.get("last_s"),
-                semconv.ATTR_VERDICT_BEST_S: result.get("best_s"),
-                semconv.ATTR_VERDICT_FIX: result.get("fix") or None,
-                semconv.ATTR_VERDICT_CHANGE: list(result.get("change") or ()) or None,
-                semconv.ATTR_VERDICT_COLD_CACHED_TOKENS:
-                    (result.get("evidence") or {}).get("cold_cached_tokens"),
-                semconv.ATTR_VERDICT_COLD_UNCACHED_PREFIX_TOKENS:
-                    (result.get("evidence") or {}).get("cold_uncached_prefix_tokens")}
-    attrs.update({k: v for k, v in optional.items() if v is not None})
-    return attrs
-
-
-def _report(result: dict, trace_hex: str) -> dict:
-    """The log line; returns the gauge's observation (value and labels)."""
-    line = result["summary"]
-    if result.get("history_problem"):
-        line += f" [history: {result['history_problem']}]"
-    if result.get("vocabulary_note"):
-        line += f" [{result['vocabulary_note']}]"
-    level = logging.WARNING if result["outcome"] == "expanded" else logging.INFO
-    logger.log(level, "%s (trace %s)", line, trace_hex)
-    labels = {semconv.ATTR_STAGE: result["stage"],
-              semconv.ATTR_VERDICT_SUBSTAGE: result.get("substage") or result["stage"],
-              semconv.ATTR_VERDICT_RECOMMENDATION: result["recommendation"],
-              semconv.ATTR_VERDICT_CHANGE: " ".join(result.get("change") or ())[:200],
-              semconv.ATTR_VERDICT_OUTCOME: result["outcome"],
-              semconv.ATTR_VERDICT_BASELINE: result["baseline"],
-              semconv.ATTR_VERDICT_PHASE: result["phase"],
-              semconv.ATTR_ACTIVATION_TRACE_ID: trace_hex}
-    if result.get("model"):
-        labels[semconv.GEN_AI_REQUEST_MODEL] = result["model"]
-    return {"value": float(result["increase_s"]), "labels": labels}

@@ -306,6 +306,7 @@ def _request(node: SpanNode) -> RequestSummary | None:
     model = _str(ca.get(semconv.GEN_AI_REQUEST_MODEL)) or _str(
         a.get(semconv.GEN_AI_REQUEST_MODEL))
     first = (_int(a.get(semconv.ATTR_REQUEST_ACTIVATION_INDEX)) == 1
+             or a.get(semconv.ATTR_REQUEST_COLD) is True  # among the server's cold requests
              or (_seconds(a.get(semconv.ATTR_REQUEST_COMPILE_SECONDS)) or 0) > 0
              or (_seconds(a.get(semconv.ATTR_REQUEST_FIRST_USE_SECONDS)) or 0) > 0
              or (_seconds(a.get(semconv.ATTR_LORA_LOAD_SECONDS)) or 0) > 0)
