@@ -23,7 +23,6 @@ import os
 import shutil
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
