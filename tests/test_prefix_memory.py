@@ -146,3 +146,22 @@ def test_payload_carries_the_first_bytes_of_the_hashes_and_reads_them_back():
     assert got.prefix.tokens == BS and len(got.prefix.hashes) == payload.MAX_PREFIX_BLOCKS
     assert got.prefix.hashes[1] == bytes(range(1, 9))
     assert payload.decode(payload.encode(payload.EnginePayload(1.0, 0, 0, 1, 1))).prefix is None
+
+
+def test_a_wake_up_measures_against_what_this_process_found_before_it_slept(tmp_path):
+    m = _memory(tmp_path / pm.FILE_NAME)
+    m.found_cached([b"prefix-1", b"prefix-2"], BS, 3 * BS, 2 * BS)
+    assert m.seen([b"prefix-1", b"prefix-2"], BS, 3 * BS).tokens == 0  # not before this start
+    m.rebase()  # it slept and woke
+    assert m.seen([b"prefix-1", b"prefix-2"], BS, 3 * BS) == pm.Seen(2 * BS, b"prefix-2".hex())
+
+
+def test_enginecore_counts_a_wake_up_as_a_new_cold_window():
+    class Activations:
+        latest = None
+
+    acts = Activations()
+    part = EngineRequests(cold_requests=2, activations=acts)
+    assert [part.wants_prefix() for _ in range(3)] == [True, True, False]
+    acts.latest = object()  # a wake-up ended here
+    assert [part.wants_prefix() for _ in range(3)] == [True, True, False]

@@ -136,6 +136,15 @@ class PrefixMemory:
             self.table = Table(model, table.hash_tokens, table.requests, table.prompt_tokens,
                                table.cached_tokens, dict(table.blocks), table.at)
 
+    def rebase(self) -> None:
+        """A wake-up in this process: what its warm requests found before it slept is the
+        baseline now."""
+        with self._lock:
+            t = self.table
+            self.before = Table(t.model, t.hash_tokens, t.requests, t.prompt_tokens,
+                                t.cached_tokens, dict(t.blocks), t.at)
+            self._before_blocks = frozenset(t.blocks)
+
     def seen(self, hashes: list[bytes], tokens_per_hash: int, prompt_tokens: int) -> Seen:
         """How much of a prompt was cached before this start (its deepest block in ``before``);
         ``Seen(0, None)`` without a baseline."""

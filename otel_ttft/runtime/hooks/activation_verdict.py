@@ -110,6 +110,7 @@ class LiveVerdict:
         self._feed: Any = None  # the gauge's feed, once a verdict exists
         self._closed = False
         self.prefix = prefix_memory.PrefixMemory()  # the prefix cache before this start
+        self._prefix_activation: Any = None  # the activation ``prefix.before`` stands before
         bounded_export.before_exit_flush(self._save_prefixes)
 
     def note_config(self, vllm_config: Any) -> None:
@@ -185,14 +186,20 @@ class LiveVerdict:
         finally:
             judged.done.set()
 
-    def prefix_seen(self, cold: bool, prompt_tokens: int | None, cached_tokens: int | None,
-                    hashes: list[bytes], tokens_per_hash: int) -> prefix_memory.Seen | None:
+    def prefix_seen(self, activation: Any, cold: bool, prompt_tokens: int | None,
+                    cached_tokens: int | None, hashes: list[bytes],
+                    tokens_per_hash: int) -> prefix_memory.Seen | None:
         """A request EngineCore shipped its prompt's block hashes for, after the fact: what it
         found cached joins the baseline; for a cold one, how much of its prompt had been cached
-        before this start (``None``: not measured)."""
+        before its activation (``None``: not measured). After a wake-up, the baseline is what
+        this process's warm requests found before it slept."""
         if self._closed or not prompt_tokens or cached_tokens is None:
             return None
         memory = self.prefix
+        if activation is not self._prefix_activation:
+            self._prefix_activation = activation
+            if getattr(activation, "kind", None) == "wake":
+                memory.rebase()
         seen = memory.seen(hashes, tokens_per_hash, prompt_tokens) if cold else None
         memory.found_cached(hashes, tokens_per_hash, prompt_tokens, cached_tokens)
         return seen

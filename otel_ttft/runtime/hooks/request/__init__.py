@@ -121,6 +121,7 @@ def _api_part(ps: ProcessState) -> api.ApiRequests:
 
 PARTS: list[PartSpec] = [
     PartSpec(API, _api_part),
-    PartSpec(ENGINE, lambda ps: engine.EngineRequests(ps.config.cold_requests)),
+    PartSpec(ENGINE, lambda ps: engine.EngineRequests(ps.config.cold_requests,
+                                                      ps.part(activation.PART))),
     PartSpec(WORKER_PART, lambda ps: worker.WorkerSteps()),
 ]

@@ -51,10 +51,13 @@ class EngineRequests:
     first output; whether some scheduler here runs with vLLM's stats logging off; EngineCore's
     run-queue clock and where the current step's window began."""
 
-    def __init__(self, cold_requests: int = 0) -> None:
+    def __init__(self, cold_requests: int = 0, activations: Any = None) -> None:
         self.noted: dict[str, EnginePayload] = {}
+        self.cold_requests = cold_requests
         self.cold_left = cold_requests  # requests since this EngineCore started, still cold
         self.arrivals = 0
+        self.activations = activations  # the activation part: a wake-up is its ``latest``
+        self.counted: Any = None
         self.own_admission_times = False
         self.run_queue = RunQueueClock()  # EngineCore's thread: its wait for a CPU
         self.step_start: tuple[float, float] | None = None  # (monotonic, run-queue s) at schedule
@@ -72,9 +75,12 @@ class EngineRequests:
 
     def wants_prefix(self) -> bool:
         """Whether this arriving request's block hashes ride to the API server: every one of
-        the first ``cold_requests`` since EngineCore started (the ones a cold prefix cache may
-        have cost), and one in ``PREFIX_SAMPLE_EVERY`` after (what warm requests find cached:
-        the baseline). The rest cost a counter."""
+        the first ``cold_requests`` since EngineCore started or woke (the ones a cold prefix
+        cache may have cost), and one in ``PREFIX_SAMPLE_EVERY`` after (what warm requests
+        find cached: the baseline). The rest cost a counter."""
+        latest = self.activations.latest if self.activations is not None else None
+        if latest is not self.counted:  # a wake-up here: its first requests are cold again
+            self.counted, self.cold_left = latest, self.cold_requests
         if self.cold_left > 0:
             self.cold_left -= 1
             return True

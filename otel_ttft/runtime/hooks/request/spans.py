@@ -197,8 +197,8 @@ class RequestEmitter:
         cached before the activation and this request computed: ``prefill.uncached_prefix``,
         at the start of its prefill (time linear in the tokens computed, as ``analyze``)."""
         prefix = eng.prefix
-        seen = self.verdict.prefix_seen(cold, rec.prompt_len, rec.cached, prefix.hashes,
-                                        prefix.tokens)
+        seen = self.verdict.prefix_seen(rec.activation, cold, rec.prompt_len, rec.cached,
+                                        prefix.hashes, prefix.tokens)
         if seen is None or not seen.tokens or not rec.prompt_len or rec.cached is None:
             return None
         tokens = min(seen.tokens, rec.prompt_len) - rec.cached
