@@ -161,20 +161,18 @@ PROMPT_GROWTH = 1.10  # prompts this much longer than the baseline's are a longe
 
 
 def cached_share_fell(rows: list[dict], base_rows: list[dict]) -> bool:
-    """Whether these requests read a smaller share of their prompts from vLLM's prefix cache
-    than the baseline's (by ``CACHE_SHARE_DROP``) with prompts no longer (``PROMPT_GROWTH``):
-    their extra prefill is the cache's, not the context's."""
-    def shares(rs: list[dict]) -> tuple[list[float], list[int]]:
-        out, tokens = [], []
+    """Whether these requests read a smaller share of their prompt tokens from vLLM's prefix
+    cache than the baseline's (all their prompt tokens together, as vLLM's own hit rate counts
+    them; by ``CACHE_SHARE_DROP``) with prompts no longer on average (``PROMPT_GROWTH``): their
+    extra prefill is the cache's, not the context's."""
+    def share(rs: list[dict]) -> tuple[float, float] | None:
+        prompt = cached = n = 0
         for r in rs:
-            n, c = r.get("prompt_tokens"), (r.get("evidence") or {}).get("cached_tokens")
-            if isinstance(n, int) and n > 0 and isinstance(c, int) and c >= 0:
-                out.append(min(c, n) / n)
-                tokens.append(n)
-        return out, tokens
-    now, now_tokens = shares(rows)
-    base, base_tokens = shares(base_rows)
-    if not now or not base:
+            t, c = r.get("prompt_tokens"), (r.get("evidence") or {}).get("cached_tokens")
+            if isinstance(t, int) and t > 0 and isinstance(c, int) and c >= 0:
+                prompt, cached, n = prompt + t, cached + min(c, t), n + 1
+        return (cached / prompt, prompt / n) if n else None
+    now, base = share(rows), share(base_rows)
+    if now is None or base is None:
         return False
-    return (_median(now) <= _median(base) - CACHE_SHARE_DROP
-            and _median(now_tokens) <= PROMPT_GROWTH * _median(base_tokens))
+    return now[0] <= base[0] - CACHE_SHARE_DROP and now[1] <= PROMPT_GROWTH * base[1]
