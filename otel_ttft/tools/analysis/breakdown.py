@@ -238,6 +238,9 @@ def _dict(value: Any) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
+_MAX_SHARD_PATHS = 64
+
+
 def _activation(root: SpanNode) -> ActivationSummary:
     a = root.attributes
     shard_bytes, weighted, weight, hits = 0, 0.0, 0, []
@@ -256,6 +259,10 @@ def _activation(root: SpanNode) -> ActivationSummary:
             if ratio is not None:
                 weighted += ratio * max(size, 1)
                 weight += max(size, 1)
+            path = _str(attrs.get(semconv.ATTR_SHARD_PATH))
+            paths = facts.setdefault("shard_paths", [])
+            if path and path not in paths and len(paths) < _MAX_SHARD_PATHS:
+                paths.append(path)  # the exact files a page-cache warm-up reads
         load_bytes = max(load_bytes, _int(attrs.get(semconv.ATTR_LOAD_BYTES)) or 0)
         hit = attrs.get(semconv.ATTR_COMPILE_CACHE_HIT)
         if isinstance(hit, bool):

@@ -139,8 +139,14 @@ class PrefixBlocks(msgspec.Struct, array_like=True, frozen=True):
 
     tokens: int
     """Tokens per hashed block (the scheduler's ``hash_block_size``)."""
-    hashes: list[bytes]
-    """The first ``PREFIX_HASH_BYTES`` of each block's hash, in prompt order."""
+    digests: bytes
+    """The first ``PREFIX_HASH_BYTES`` of each block's hash, in prompt order, end to end (one
+    string on the wire: a list of short strings costs EngineCore ten times as much)."""
+
+    @property
+    def hashes(self) -> list[bytes]:
+        n = PREFIX_HASH_BYTES
+        return [self.digests[i:i + n] for i in range(0, len(self.digests), n)]
 
 
 @dataclass(slots=True)
@@ -190,7 +196,8 @@ def _prefix_blocks(p: EnginePayload) -> PrefixBlocks | None:
     if not p.block_hashes or p.hash_tokens <= 0:
         return None
     n = PREFIX_HASH_BYTES
-    return PrefixBlocks(p.hash_tokens, [bytes(h[:n]) for h in p.block_hashes[:MAX_PREFIX_BLOCKS]])
+    return PrefixBlocks(p.hash_tokens,
+                        b"".join([h[:n] for h in p.block_hashes[:MAX_PREFIX_BLOCKS]]))
 
 
 def encode(p: EnginePayload) -> str:
@@ -257,8 +264,9 @@ def decode(value: str) -> EnginePayload | None:
     if w.graph is not None and (w.graph.tokens < 0 or w.graph.max_captured < 0
                                 or len(w.graph.mode) > 32):
         return None
-    if w.prefix is not None and (w.prefix.tokens <= 0
-                                 or len(w.prefix.hashes) > MAX_PREFIX_BLOCKS):
+    if w.prefix is not None and (w.prefix.tokens <= 0 or len(w.prefix.digests)
+                                 > MAX_PREFIX_BLOCKS * PREFIX_HASH_BYTES
+                                 or len(w.prefix.digests) % PREFIX_HASH_BYTES):
         return None
     for wait in w.engine_waits:
         if not (isfinite(wait.start) and isfinite(wait.end) and isfinite(wait.queued)
