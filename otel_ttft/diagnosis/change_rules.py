@@ -221,6 +221,12 @@ def _loader(b: Builder) -> None:
                       args=["--load-format", fmt], stage=semconv.STAGE_LOAD_READ)
             if not installed:
                 c["missing"].append(package)
+    if ratio is None:  # nothing says whether it came from storage or from memory
+        b.add("measure-read", f"checkpoint reads took {ev.p50(semconv.STAGE_LOAD_READ):.1f} s, "
+              "and no page-cache residency was measured for its shards: the measurement that "
+              "decides between the page cache, the loader and the storage is the shard spans' "
+              "residency before the read (otel-ttft doctor: which --load-format has per-shard "
+              "spans)", side=SIDE_DRIVER, models=[], stage=semconv.STAGE_LOAD_READ)
 
 
 def _tune_admission(b: Builder) -> None:
