@@ -153,9 +153,10 @@ def wrap_scheduler_add_request(part: EngineRequests, call: Callable[..., Any], i
         entry = EnginePayload(time.monotonic(), waiting, running, pool.get_num_free_blocks(),
                               pool.num_gpu_blocks,
                               lora_id=lora.lora_int_id if lora is not None else 0)
-        hashes = request.block_hashes  # vLLM's own, computed as it made the request
+        hashes = getattr(request, "block_hashes", None)  # vLLM's own, made with the request
         if hashes and part.wants_prefix():
-            entry.block_hashes, entry.hash_tokens = hashes, instance.hash_block_size
+            entry.block_hashes = hashes
+            entry.hash_tokens = getattr(instance, "hash_block_size", 0) or 0
         part.arrived(rid, entry)
     return call(*args, **kwargs)
 
