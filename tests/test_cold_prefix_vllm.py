@@ -163,7 +163,8 @@ def test_control_no_shared_prefix_emptied_compile_cache_and_slow_cold_read(
     model = str(model_dir)
     long = build_prompts(tokenizer_counter(model), 2048, 4).long  # numbered first: no sharing
     root = tmp_path / "vllm-cache"
-    env = _env(receiver, VLLM_CACHE_ROOT=str(root))
+    # the history where it goes by default: beside vLLM's cache (the session's setting off)
+    env = _env(receiver, VLLM_CACHE_ROOT=str(root), OTEL_TTFT_VERDICT_HISTORY="")
     args = ("--dtype", "float32", *CONTEXT)
     seen: set[str] = set()
 
