@@ -119,7 +119,23 @@ def check_runner(spans: list[dict], runner: str) -> list[str]:
         if attrs.get(semconv.ATTR_MODEL_RUNNER) != runner:
             problems.append(f"{label}: '{name}' names runner "
                             f"{attrs.get(semconv.ATTR_MODEL_RUNNER)!r}, not {runner}")
+        if name == "Capture model":
+            problems += _graph_modes(label, attrs)
     return problems
+
+
+def _graph_modes(label: str, attrs: dict) -> list[str]:
+    """vLLM's default mode on a GPU is FULL_AND_PIECEWISE: both kinds captured, counted apart,
+    every CUDA graph (full graphs plus pieces) in the total."""
+    full = attrs.get(semconv.ATTR_GRAPH_FULL_COUNT, 0)
+    shapes = attrs.get(semconv.ATTR_GRAPH_PIECEWISE_COUNT, 0)
+    pieces = attrs.get(semconv.ATTR_GRAPH_PIECEWISE_PIECES, 0)
+    total = attrs.get(semconv.ATTR_GRAPH_COUNT, 0)  # (0: said above)
+    if not (full > 0 and shapes > 0 and pieces >= shapes and (not total or total >= full + pieces)):
+        return [f"{label}: 'Capture model' counts full {full}, piecewise {shapes} sizes in "
+                f"{pieces} pieces, {attrs.get(semconv.ATTR_GRAPH_COUNT)} CUDA graphs: want "
+                f"both modes, pieces >= sizes, the total their sum"]
+    return []
 
 
 def each_runner(model: Path, out: Path, timeout: float) -> list[str]:

@@ -4,13 +4,17 @@ One traced start of the tiny model with CUDA graphs captured up to 16 tokens
 (``--max-cudagraph-capture-size 16``) on vLLM's default model runner, then, after its first
 requests:
 
-- a prompt of a few tokens: its first prefill step ran a captured graph (``ttft.step.cudagraph.
-  mode`` is not ``NONE``);
-- a prompt of 100 tokens: more than any captured graph holds, so that step ran eager (``NONE``,
-  with ``ttft.cudagraph.max_captured_tokens`` 16);
-- a request with ``logprobs``: vLLM compiles its rank counting on first use, Inductor generating
-  and autotuning Triton kernels for it inside the step: a ``warmup.step_compile`` span naming
-  ``batched_count_greater_than``; a second such request pays nothing.
+- a prompt of a few tokens: its first prefill step ran a captured graph (``ttft.step.execution``
+  ``piecewise_graph`` or ``full_graph``);
+- a prompt of 100 tokens: more than any captured graph holds, so that step ran outside every
+  graph (``ttft.step.cudagraph.mode`` ``NONE``, ``ttft.cudagraph.max_captured_tokens`` 16), and
+  as the compiled model, not eager (``ttft.step.execution`` ``compiled``);
+- a request with ``logprobs``: on Model Runner V2 (vLLM's GPU default) its logprobs are Triton
+  kernels (``v1/worker/gpu/sample/logprob.py``), compiled on first use inside the step: a
+  ``warmup.step_compile`` span with ``ttft.compile.compiler`` ``triton`` naming a
+  ``logprob.py`` kernel (Triton's own JIT hooks timed it; Dynamo sees nothing). On the V1 runner
+  the same request compiles ``batched_count_greater_than`` with torch.compile (Dynamo,
+  ``ttft.compile.compiler`` ``dynamo``). A second such request pays nothing.
 """
 
 from __future__ import annotations
@@ -47,6 +51,14 @@ def _request_span(spans: list[dict], trace_id: str) -> dict | None:
                  and s["name"] == semconv.SPAN_REQUEST), None)
 
 
+def _first_use_kernel(attrs: dict) -> bool:
+    """V2's logprobs kernels (Triton) or V1's rank counting (torch.compile)."""
+    frame = str(attrs.get(semconv.ATTR_COMPILE_FRAME, ""))
+    if attrs.get(semconv.ATTR_COMPILE_COMPILER) == "triton":
+        return frame.startswith("logprob.py:")
+    return frame.endswith(":batched_count_greater_than")
+
+
 def check(spans: list[dict], short: str, long: str, compiled: str, again: str) -> list[str]:
     problems = []
     found = {name: _request_span(spans, tid) for name, tid in
@@ -56,29 +68,31 @@ def check(spans: list[dict], short: str, long: str, compiled: str, again: str) -
             problems.append(f"first-use: no request span for the {name} request")
     if problems:
         return problems
-    short_mode = found["short"]["attributes"].get(semconv.ATTR_STEP_CUDAGRAPH_MODE)
-    if short_mode in (None, "NONE"):
-        problems.append(f"first-use: a 5-token prefill ran mode {short_mode!r}, want a graph")
-    long_attrs = found["long"]["attributes"]
+    short_attrs, long_attrs = found["short"]["attributes"], found["long"]["attributes"]
+    short_ran = short_attrs.get(semconv.ATTR_STEP_EXECUTION)
+    if short_ran not in (semconv.EXECUTION_PIECEWISE_GRAPH, semconv.EXECUTION_FULL_GRAPH):
+        problems.append(f"first-use: a 5-token prefill ran {short_ran!r}, want a graph: "
+                        f"{short_attrs}")
     if long_attrs.get(semconv.ATTR_STEP_CUDAGRAPH_MODE) != "NONE" or long_attrs.get(
-            semconv.ATTR_CUDAGRAPH_MAX_CAPTURED_TOKENS) != MAX_CAPTURED:
-        problems.append(f"first-use: a 100-token prefill: {long_attrs}, want mode NONE and "
-                        f"{MAX_CAPTURED} captured tokens at most")
+            semconv.ATTR_CUDAGRAPH_MAX_CAPTURED_TOKENS) != MAX_CAPTURED or long_attrs.get(
+            semconv.ATTR_STEP_EXECUTION) != semconv.EXECUTION_COMPILED:
+        problems.append(f"first-use: a 100-token prefill: {long_attrs}, want mode NONE, "
+                        f"{MAX_CAPTURED} captured tokens at most, the compiled model")
     compiles = [s for s in spans if s["trace_id"] == compiled
                 and s["name"] == semconv.SPAN_TORCH_COMPILE]
     ours = [s for s in compiles if s["attributes"].get(semconv.ATTR_STAGE)
-            == semconv.STAGE_WARMUP_STEP_COMPILE and s["attributes"].get(
-                semconv.ATTR_COMPILE_FRAME, "").endswith(":batched_count_greater_than")]
+            == semconv.STAGE_WARMUP_STEP_COMPILE and _first_use_kernel(s["attributes"])]
     if not ours:
         problems.append(f"first-use: the first logprobs request shows no warmup.step_compile "
-                        f"of batched_count_greater_than: {[s['attributes'] for s in compiles]}")
+                        f"of a logprobs kernel (V2: Triton, logprob.py; V1: Dynamo, "
+                        f"batched_count_greater_than): {[s['attributes'] for s in compiles]}")
     if semconv.ATTR_REQUEST_COMPILE_SECONDS in found["again"]["attributes"]:
         problems.append("first-use: the second logprobs request paid a compile too")
     for s in ours:
         print(f"gpu-check: first-use: {s['attributes']} "
               f"{(s['end_ns'] - s['start_ns']) / 1e9:.3f} s")
-    print(f"gpu-check: first-use: short {short_mode}, long "
-          f"{long_attrs.get(semconv.ATTR_STEP_CUDAGRAPH_MODE)}")
+    print(f"gpu-check: first-use: short {short_ran}, long "
+          f"{long_attrs.get(semconv.ATTR_STEP_EXECUTION)}")
     return problems
 
 

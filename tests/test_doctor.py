@@ -180,6 +180,12 @@ def test_doctor_names_the_runner_a_gpu_host_builds(env, runner, reason):
     assert "Triton counted as usable" in choice["assumption"]
     assert choice["runner"] == runner and choice["reason"].startswith(reason)
     assert [row["status"] for row in choice["stages"]] == ["ok"] * 4, choice["stages"]
+    # how each GPU figure is measured on this runner, and what checked it
+    v2 = "gpu.model_runner" in runner
+    figures = {row["attributes"]: row for row in choice["gpu_figures"]}
+    compile_row = figures["ttft.compile.compiler, ttft.compile.frame"]
+    assert ("jit_post_compile_hook" in compile_row["measured"]) is v2
+    assert "tests/test_triton_compiles.py" in compile_row["checked"]
 
 
 @pytest.mark.vllm_import

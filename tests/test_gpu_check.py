@@ -118,11 +118,26 @@ def _runner_start(runner):
     return [
         _span("Capture model", 0, 10, **{semconv.ATTR_STAGE: semconv.STAGE_WARMUP_GRAPH_CAPTURE,
                                          semconv.ATTR_GRAPH_COUNT: 35,
+                                         semconv.ATTR_GRAPH_FULL_COUNT: 5,
+                                         semconv.ATTR_GRAPH_PIECEWISE_COUNT: 6,
+                                         semconv.ATTR_GRAPH_PIECEWISE_PIECES: 30,
                                          semconv.ATTR_GRAPH_MEMORY_BYTES: 1 << 20, **named}),
         _span(semconv.SPAN_KV_ALLOC, 10, 20, **{semconv.ATTR_STAGE: semconv.STAGE_WARMUP_KV_ALLOC,
                                                 semconv.ATTR_KV_BLOCKS: 1000,
                                                 semconv.ATTR_KV_BYTES: 1 << 30, **named}),
     ]
+
+
+def test_each_runner_needs_both_graph_modes_counted_apart():
+    runner = gpu_check.RUNNERS["1"]
+    spans = _runner_start(runner)
+    old = dict(spans[0]["attributes"])  # before issue 55: one count, no modes
+    for key in (semconv.ATTR_GRAPH_FULL_COUNT, semconv.ATTR_GRAPH_PIECEWISE_COUNT,
+                semconv.ATTR_GRAPH_PIECEWISE_PIECES):
+        old.pop(key)
+    spans[0] = {**spans[0], "attributes": old}
+    (problem,) = gpu_check.check_runner(spans, runner)
+    assert "counts full 0, piecewise 0 sizes in 0 pieces" in problem
 
 
 @pytest.mark.parametrize("flag", sorted(gpu_check.RUNNERS))
@@ -142,33 +157,48 @@ def test_each_runner_needs_its_graph_capture_and_kv_spans_with_numbers(flag):
         f"{label}: expected one 'Capture model' [warmup.graph_capture] span, got 0"]
 
 
-def _first_use_run(short_mode="PIECEWISE", long_mode="NONE", compiled=True, again_paid=False):
+_EXECUTION = {"PIECEWISE": semconv.EXECUTION_PIECEWISE_GRAPH,
+              "FULL": semconv.EXECUTION_FULL_GRAPH, "NONE": semconv.EXECUTION_COMPILED}
+
+
+def _first_use_run(short_mode="PIECEWISE", long_mode="NONE", compiled="triton",
+                   again_paid=False, long_execution=None):
     from scripts import gpu_check_first_use as first_use
 
     def request(trace, **attrs):
         return _span(semconv.SPAN_REQUEST, 0, 10, trace=trace, **attrs)
 
-    spans = [request("short", **{semconv.ATTR_STEP_CUDAGRAPH_MODE: short_mode}),
+    spans = [request("short", **{semconv.ATTR_STEP_CUDAGRAPH_MODE: short_mode,
+                                 semconv.ATTR_STEP_EXECUTION: _EXECUTION[short_mode]}),
              request("long", **{semconv.ATTR_STEP_CUDAGRAPH_MODE: long_mode,
+                                semconv.ATTR_STEP_EXECUTION:
+                                    long_execution or _EXECUTION[long_mode],
                                 semconv.ATTR_CUDAGRAPH_MAX_CAPTURED_TOKENS: 16}),
              request("logprobs", **{semconv.ATTR_REQUEST_COMPILE_SECONDS: 2.0}),
              request("again", **({semconv.ATTR_REQUEST_COMPILE_SECONDS: 0.1} if again_paid
                                  else {}))]
+    frames = {"triton": "logprob.py:_topk_log_softmax_kernel",  # V2: Triton's hooks
+              "dynamo": "logprobs.py:batched_count_greater_than",  # V1: Dynamo's callbacks
+              "triton-elsewhere": "penalties.py:_penalties_kernel"}
     if compiled:
         spans.append(_span(semconv.SPAN_TORCH_COMPILE, 2, 4, spans[2], trace="logprobs", **{
             semconv.ATTR_STAGE: semconv.STAGE_WARMUP_STEP_COMPILE,
-            semconv.ATTR_COMPILE_FRAME: "logprobs.py:batched_count_greater_than"}))
+            semconv.ATTR_COMPILE_COMPILER: compiled.partition("-")[0],
+            semconv.ATTR_COMPILE_FRAME: frames[compiled]}))
     return first_use.check(spans, "short", "long", "logprobs", "again")
 
 
-def test_gpu_check_first_use_passes_what_a_gpu_should_show():
-    assert _first_use_run() == []
+@pytest.mark.parametrize("compiled", ["triton", "dynamo"])
+def test_gpu_check_first_use_passes_what_a_gpu_should_show(compiled):
+    assert _first_use_run(compiled=compiled) == []
 
 
 @pytest.mark.parametrize("run, says", [
-    (dict(short_mode="NONE"), "a 5-token prefill ran mode 'NONE'"),
+    (dict(short_mode="NONE"), "a 5-token prefill ran 'compiled'"),
     (dict(long_mode="PIECEWISE"), "a 100-token prefill"),
-    (dict(compiled=False), "no warmup.step_compile"),
+    (dict(long_execution=semconv.EXECUTION_EAGER), "the compiled model"),
+    (dict(compiled=None), "no warmup.step_compile"),
+    (dict(compiled="triton-elsewhere"), "no warmup.step_compile"),
     (dict(again_paid=True), "the second logprobs request paid a compile too"),
 ])
 def test_gpu_check_first_use_names_what_is_missing(run, says):

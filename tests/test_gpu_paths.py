@@ -142,7 +142,19 @@ def prefill_step():
 
     step = SchedulerOutput.make_empty()
     step.scheduled_new_reqs = [type("New", (), {"req_id": rid})() for rid in ("a", "b")]
+    step.total_num_scheduled_tokens = 100
     return step
+
+
+def _shipped(part):
+    """The notes a step's output carries to EngineCore (vLLM's real ``ModelRunnerOutput``)."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    from otel_ttft.runtime.hooks.request.payload import WORKER_NOTES_ATTR
+
+    output = part.attach(ModelRunnerOutput(req_ids=[], req_id_to_index={}))
+    notes = getattr(output, WORKER_NOTES_ATTR, None)
+    return notes.notes if notes is not None else []
 
 
 def _in_step(hooks, step, *names):
@@ -152,7 +164,8 @@ def _in_step(hooks, step, *names):
     return part
 
 
-def test_a_prefill_step_outside_the_captured_graphs_is_noted_as_eager(hooks, prefill_step):
+def test_a_prefill_step_outside_the_graphs_is_noted_with_the_compiled_model(hooks,
+                                                                            prefill_step):
     """V1's real ``CudagraphDispatcher``, its keys built for capture sizes up to 16 (the CPU
     platform captures none, so the sizes are set as a GPU's config would have them)."""
     from vllm.config import CUDAGraphMode
@@ -169,16 +182,18 @@ def test_a_prefill_step_outside_the_captured_graphs_is_noted_as_eager(hooks, pre
 
     mode, _ = dispatcher.dispatch(100)
     assert mode == CUDAGraphMode.NONE  # vLLM's own decision, unchanged
-    dispatcher.dispatch(8)  # a second dispatch in the same step: the first one stands
-    (note,) = part.notes
-    assert note == payload.GraphDispatch(payload.GraphChoice("NONE", 100, 16), ["a", "b"])
+    dispatcher.dispatch(8)  # fewer tokens than the step (a logits-only dispatch): not the step's
+    (note,) = _shipped(part)
+    # the CPU config compiles the model (VLLM_COMPILE): outside every graph is not eager
+    choice = payload.GraphChoice("NONE", 100, 16, padded=100, max_piecewise=16, compiled=True)
+    assert note == payload.GraphDispatch(choice, ["a", "b"])
 
     # EngineCore hands it to the requests the step started, and they carry it to the API.
     states = {rid: payload.EnginePayload(1.0, 0, 0, 1, 2) for rid in ("a", "b", "c")}
     core = engine.EngineRequests()
     core.noted.update(states)
     core.charge_notes([note])
-    assert states["a"].graph == states["b"].graph == payload.GraphChoice("NONE", 100, 16)
+    assert states["a"].graph == states["b"].graph == choice
     assert states["c"].graph is None
     assert payload.decode(payload.encode(states["a"])).graph == states["a"].graph
 
@@ -189,23 +204,26 @@ def test_a_prefill_step_inside_the_captured_graphs_is_noted_with_its_mode(hooks,
 
     from otel_ttft.runtime.hooks.request import payload
 
+    prefill_step.total_num_scheduled_tokens = 8
     part = _in_step(hooks, prefill_step, "request.graph_dispatch")
     config = _config()
     config.compilation_config.cudagraph_capture_sizes = [1, 2, 4, 8, 16]
     config.compilation_config.max_cudagraph_capture_size = 16
     dispatcher = CudagraphDispatcher(config)
     uninitialized = dispatcher.dispatch(8)  # no graphs captured yet: nothing to note
-    assert uninitialized[0] == CUDAGraphMode.NONE and part.notes == []
+    assert uninitialized[0] == CUDAGraphMode.NONE and _shipped(part) == []
     dispatcher.initialize_cudagraph_keys(CUDAGraphMode.PIECEWISE, 1)
     assert dispatcher.dispatch(8)[0] == CUDAGraphMode.PIECEWISE
-    (note,) = part.notes
-    assert note.choice == payload.GraphChoice("PIECEWISE", 8, 16)
+    (note,) = _shipped(part)
+    assert note.choice == payload.GraphChoice("PIECEWISE", 8, 16, padded=8, max_piecewise=16,
+                                              compiled=True)
 
 
 def test_model_runner_v2s_graph_decision_is_noted(hooks, prefill_step):
     """V2's real ``CudaGraphManager.dispatch`` and ``captured_token_counts``; its constructor
-    needs vLLM's distributed groups, so the capture's result (one PIECEWISE graph for 8
-    tokens) is set on a bare instance."""
+    needs vLLM's distributed groups, so the capture's result (one full decode graph for 8
+    tokens, piecewise sizes up to 8) is set on a bare instance (tests/test_graph_capture.py
+    builds one through vLLM's constructor and capture)."""
     from vllm.config import CUDAGraphMode
     from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor, CudaGraphManager
 
@@ -215,16 +233,24 @@ def test_model_runner_v2s_graph_decision_is_noted(hooks, prefill_step):
     manager = object.__new__(CudaGraphManager)
     manager.graphs, manager._candidates, manager._graphs_captured = {}, {}, False
     manager._lora_dispatch_map = {}
+    manager.cudagraph_mode = CUDAGraphMode.NONE
     assert manager.dispatch(2, 100, None, 0).cg_mode == CUDAGraphMode.NONE
-    assert part.notes == []  # nothing captured: an eager server, nothing to say
-    desc = BatchExecutionDescriptor(cg_mode=CUDAGraphMode.PIECEWISE, num_tokens=8,
-                                    num_reqs=None)
+    assert _shipped(part) == []  # no graphs: an eager server, nothing to say
+    config = _config()
+    config.compilation_config.cudagraph_capture_sizes = [1, 2, 4, 8]
+    manager.compilation_config = config.compilation_config
+    manager.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
+    desc = BatchExecutionDescriptor(cg_mode=CUDAGraphMode.FULL, num_tokens=8, num_reqs=8,
+                                    uniform_token_count=1)
     manager.graphs[desc] = object()
     manager._candidates[(8, 0)] = [desc]
     manager._graphs_captured = True
     assert manager.dispatch(2, 100, None, 0).cg_mode == CUDAGraphMode.NONE
-    (note,) = part.notes
-    assert (note.choice, note.request_ids) == (payload.GraphChoice("NONE", 100, 8), ["a", "b"])
+    (note,) = _shipped(part)
+    assert (note.choice, note.request_ids) == (
+        payload.GraphChoice("NONE", 100, 8, padded=100, max_full=8, max_piecewise=8,
+                            compiled=True),
+        ["a", "b"])
 
 
 def _compiled_here(x):
@@ -253,7 +279,7 @@ def test_a_compile_and_a_recompile_inside_a_step_are_noted_with_what_compiled(pr
         assert isinstance(first, payload.CompileTime)
         assert first.frame == "test_gpu_paths.py:_compiled_here"
         assert (first.recompile, first.model_graph) == (False, False)
-        assert (first.step_tokens, first.step_requests) == (0, 0)  # the empty step's shape
+        assert (first.step_tokens, first.step_requests) == (100, 0)  # the step's shape
         assert first.end >= first.start
         fn(torch.ones(5, 3))  # a shape Dynamo had not seen: a guard fails, it compiles again
         _, again = worker._named(part.notes)

@@ -15,7 +15,7 @@ import torch
 from opentelemetry import trace
 
 from otel_ttft import semconv
-from otel_ttft.runtime.hooks import all_hooks, runners, warmup
+from otel_ttft.runtime.hooks import all_hooks, capture, runners, warmup
 from otel_ttft.runtime.hooks.registry import resolve
 
 pytestmark = [pytest.mark.vllm_import, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -183,7 +183,7 @@ def test_v2_graph_capture_runs_vllms_method_under_v1s_span_and_stage(exporter, h
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner as V2
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner as V1
 
-    hooks(warmup.GRAPH_CAPTURE, runners.GRAPH_CAPTURE_V2)
+    hooks(warmup.GRAPH_CAPTURE, capture.GRAPH_CAPTURE_V2)
     with trace.get_tracer("vllm").start_as_current_span("Capture model"):  # vLLM's, on V1
         V1._capture_cudagraphs(_bare(V1), [], CUDAGraphMode.FULL)
     v2 = _bare(V2, cudagraph_manager=_NoGraphs(),
@@ -206,7 +206,7 @@ def test_v2_graph_capture_runs_vllms_method_under_v1s_span_and_stage(exporter, h
 def test_encoder_only_graph_capture_runs_vllms_method(exporter, hooks):
     from vllm.v1.worker.mm_encoder_model_runner import MMEncoderModelRunner
 
-    hooks(runners.GRAPH_CAPTURE_MM)
+    hooks(capture.GRAPH_CAPTURE_MM)
     encoder = SimpleNamespace(has_cudagraph=lambda: False)
     runner = _bare(MMEncoderModelRunner, model_state=SimpleNamespace(encoder_runner=encoder))
     assert MMEncoderModelRunner.capture_model(runner) == 0

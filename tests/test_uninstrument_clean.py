@@ -107,7 +107,20 @@ def _installed(settle: tuple[str, ...] = _SHORT_LIVED) -> dict[str, object]:
         "gauges registered": len(telemetry_metrics._feeds),
         "gauges fed": sum(feed.source is not None for _, feed in telemetry_metrics._feeds.values()),
         "fds": len(os.listdir("/proc/self/fd")),
+        "compile callbacks": _compile_callbacks(),
     }
+
+
+def _compile_callbacks() -> tuple[int, object, object]:
+    """Dynamo's compile callbacks and Triton's JIT hooks (the worker's, from its first step)."""
+    from torch._dynamo.callback import callback_handler
+    from triton import knobs
+
+    def name(hook: object) -> str | None:
+        return None if hook is None else getattr(hook, "__qualname__", repr(hook))
+
+    return (len(callback_handler.start_callbacks) + len(callback_handler.end_callbacks),
+            name(knobs.runtime.jit_cache_hook), name(knobs.runtime.jit_post_compile_hook))
 
 
 @pytest.fixture
@@ -136,6 +149,7 @@ def _use(instrumentor: VllmTTFTInstrumentor) -> None:
     part = state.part(switch.PART)
     part.install_signal_chain()
     assert part.start_eviction("SIGTERM") is not None
+    state.part("request.worker")._watch_compiles()  # what a worker's first step registers
 
 
 def test_uninstrument_takes_back_everything_the_start_up_path_installed(pristine,
@@ -150,7 +164,7 @@ def test_uninstrument_takes_back_everything_the_start_up_path_installed(pristine
     # each of these is installed while instrumented (so the comparison below means something)
     assert {"wrappers", "atexit", "logger filters", "signal handlers", "clock offset env",
             "before exit flush", "exit deadline", "stage listeners", "threads",
-            "gauges fed"} <= changed, changed
+            "gauges fed", "compile callbacks"} <= changed, changed
     instrumentor.uninstrument()
     after = _installed()
     # a gauge's registration stays with its provider (fed by nothing now: the test below)

@@ -218,9 +218,11 @@ class PrefixMemory:
             if not ours:
                 return problem or f"{path} is not ours"
             models = dict((data or {}).get("models") or {})
-            models[key] = entry
-            newest = sorted(models.items(), key=lambda kv: -(kv[1].get("at") or 0)
-                            if isinstance(kv[1], dict) else 0)[:MAX_MODELS]
+            models.pop(key, None)
+            # this model first, then the others newest first (a later one in the file on a tie)
+            others = sorted(enumerate(models.items()), key=lambda ikv: (
+                -(ikv[1][1].get("at") or 0) if isinstance(ikv[1][1], dict) else 0, -ikv[0]))
+            newest = [(key, entry), *(kv for _, kv in others)][:MAX_MODELS]
             while True:
                 text = json.dumps({"format": FORMAT, "version": VERSION,
                                    "models": dict(newest)}, separators=(",", ":"))

@@ -51,10 +51,26 @@ ATTR_COMPILE_RANGES = "ttft.compile.ranges"
 ATTR_COMPILE_AOT_LOAD_ATTEMPT = "ttft.compile.aot_load_attempt"  # True: loading a cached artifact
 #: on Profile run: memory left for the KV cache after profiling
 ATTR_PROFILE_AVAILABLE_KV_BYTES = "ttft.profile.available_kv_bytes"
-ATTR_GRAPH_COUNT = "ttft.graph.count"  # on Capture model: CUDA graphs captured
-ATTR_GRAPH_BATCH_SIZES = "ttft.graph.batch_sizes"  # on Capture model: the batch sizes captured
-#: on Capture model: device memory the graphs took
+#: on Capture model: CUDA graphs the capture made, vLLM's own counter: each full graph once, each
+#: piecewise capture once per piece (a piece per layer or so: hundreds for one batch size)
+ATTR_GRAPH_COUNT = "ttft.graph.count"
+#: on Capture model: every batch size, in tokens, captured in either mode (largest first)
+ATTR_GRAPH_BATCH_SIZES = "ttft.graph.batch_sizes"
+#: on Capture model: device memory the graphs took (the driver's reading; V2: vLLM's own figure)
 ATTR_GRAPH_MEMORY_BYTES = "ttft.graph.memory_bytes"
+ATTR_GRAPH_FULL_COUNT = "ttft.graph.full.count"  # on Capture model: full graphs (one per shape)
+#: on Capture model: the batch sizes captured as full graphs (largest first)
+ATTR_GRAPH_FULL_BATCH_SIZES = "ttft.graph.full.batch_sizes"
+#: on Capture model: device memory the full captures took (driver, around them)
+ATTR_GRAPH_FULL_MEMORY_BYTES = "ttft.graph.full.memory_bytes"
+#: on Capture model: batch sizes captured piecewise (each a set of pieces)
+ATTR_GRAPH_PIECEWISE_COUNT = "ttft.graph.piecewise.count"
+#: on Capture model: the batch sizes captured piecewise (largest first)
+ATTR_GRAPH_PIECEWISE_BATCH_SIZES = "ttft.graph.piecewise.batch_sizes"
+#: on Capture model: CUDA graphs the piecewise captures made (pieces x batch sizes)
+ATTR_GRAPH_PIECEWISE_PIECES = "ttft.graph.piecewise.pieces"
+#: on Capture model: device memory the piecewise captures took (driver, around them)
+ATTR_GRAPH_PIECEWISE_MEMORY_BYTES = "ttft.graph.piecewise.memory_bytes"
 ATTR_KV_BLOCKS = "ttft.kv.blocks"  # on Allocate KV cache: KV blocks
 ATTR_KV_BLOCK_SIZE = "ttft.kv.block_size"  # on Allocate KV cache: tokens per block
 ATTR_KV_BYTES = "ttft.kv.bytes"  # on Allocate KV cache: bytes allocated

@@ -73,8 +73,29 @@ ATTR_COMPILE_MODEL_GRAPH = "ttft.compile.model_graph"
 #: prefill (``NONE``: it ran eager, no captured graph fitted the step)
 ATTR_STEP_CUDAGRAPH_MODE = "ttft.step.cudagraph.mode"
 ATTR_STEP_CUDAGRAPH_TOKENS = "ttft.step.cudagraph.tokens"  # on the request: tokens in that step
-#: on the request: the largest batch, in tokens, the server captured a CUDA graph for
+#: on the request: the largest batch, in tokens, a graph captured for mixed (prefill) batches
+#: takes: piecewise when that mode runs prefills, full in full-only mode; 0: no graph can run one
 ATTR_CUDAGRAPH_MAX_CAPTURED_TOKENS = "ttft.cudagraph.max_captured_tokens"
+#: on the request: the largest full graph captured, in tokens (decode-only ones included)
+ATTR_CUDAGRAPH_MAX_FULL_TOKENS = "ttft.cudagraph.max_full_tokens"
+#: on the request: the largest batch captured piecewise, in tokens (0: no piecewise graphs)
+ATTR_CUDAGRAPH_MAX_PIECEWISE_TOKENS = "ttft.cudagraph.max_piecewise_tokens"
+#: on the request: tokens the first prefill step ran as, padded to the graph's size
+ATTR_STEP_CUDAGRAPH_PADDED_TOKENS = "ttft.step.cudagraph.padded_tokens"
+#: on the request: how that step ran: ``full_graph``, ``piecewise_graph``, ``compiled`` (no graph,
+#: the torch.compiled model) or ``eager`` (no graph, no compile)
+ATTR_STEP_EXECUTION = "ttft.step.execution"
+#: ttft.step.execution values: the step replayed a full graph, or the piecewise ones
+EXECUTION_FULL_GRAPH, EXECUTION_PIECEWISE_GRAPH = "full_graph", "piecewise_graph"
+#: ttft.step.execution values: outside every graph, the compiled model, or the eager one
+EXECUTION_COMPILED, EXECUTION_EAGER = "compiled", "eager"
+#: on the request: where the decision was read: ``cudagraph_stats`` (vLLM's per-step record,
+#: ``--cudagraph-metrics``, after data-parallel ranks agreed) or ``dispatch`` (the dispatcher's
+#: answer for the step's tokens)
+ATTR_STEP_CUDAGRAPH_SOURCE = "ttft.step.cudagraph.source"
+#: on a request's torch.compile span: which compiler ran inside the step: ``dynamo`` (torch.compile)
+#: or ``triton`` (a ``@triton.jit`` kernel compiled on first use)
+ATTR_COMPILE_COMPILER = "ttft.compile.compiler"
 ATTR_STEP_TOKENS = "ttft.step.tokens"  # on a request's torch.compile: tokens in the step it ran in
 ATTR_STEP_REQUESTS = "ttft.step.requests"  # on a request's torch.compile: requests in that step
 # A cache of the front end filled inside this request (warmup.first_use): one child span per fill

@@ -34,7 +34,7 @@ from otel_ttft.runtime import compile_cache, history_storage
 from otel_ttft.runtime.hooks import all_hooks
 from otel_ttft.runtime.hooks.registry import resolve
 from otel_ttft.runtime.vllm_version import SUPPORTED, installed_vllm, is_supported
-from otel_ttft.tools import host, runner_choice
+from otel_ttft.tools import gpu_figures, host, runner_choice
 from otel_ttft.tools.analysis import knobs
 
 _ENTRY_POINT_GROUPS = ("opentelemetry_instrumentor", "vllm.general_plugins",
@@ -155,6 +155,8 @@ def collect(device: str | None = None, serve_args: list[str] | None = None) -> d
     if module_version is not None:
         vocab = _vocabulary(module_version)
         model_runner = runner_choice.choose(device, list(serve_args or []), hooks)
+        if model_runner.get("device") in ("cuda", "xpu"):
+            model_runner["gpu_figures"] = gpu_figures.rows(bool(model_runner.get("v2")))
         for h in hooks:
             h["idle"] = h["name"] in model_runner["idle_hooks"]
     ours = {group: [ep.name for ep in entry_points(group=group) if ep.value.startswith("otel_ttft")]
@@ -209,6 +211,8 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"  {mark} {h['name']:<28} {h['target']}{detail}")
     if report.get("model_runner"):
         lines.extend(runner_choice.render(report["model_runner"]))
+        if report["model_runner"].get("device") in ("cuda", "xpu"):
+            lines.extend(gpu_figures.render(bool(report["model_runner"].get("v2"))))
     lines.append("load formats (shard read spans):")
     for row in report.get("loaders", []):
         mark = "per-shard" if row["per_shard"] else "NOT HOOKED"

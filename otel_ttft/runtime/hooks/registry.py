@@ -310,7 +310,7 @@ class HookSet:
     them on uninstrument: every wrapper taken off, the watch for modules never imported gone.
 
     ``state`` (a ``runtime.state.ProcessState``) gives each hook that names a part its part; a
-    set made without one (tests, ``scripts/gpu_check_torch.py``) makes its own from the default
+    set made without one (tests, ``scripts/gpu_check_bare.py``) makes its own from the default
     config, and closes it on ``remove``."""
 
     def __init__(self, hooks: list[Hook], state: Any = None):
@@ -344,7 +344,7 @@ class HookSet:
 
     def apply_to(self, module: Any) -> None:
         """Patch every hook into ``module`` now, whatever its name: a stand-in with vLLM's names
-        where vLLM cannot run (``scripts/gpu_check_torch.py`` on a GPU image without vLLM), so the
+        where vLLM cannot run (``scripts/gpu_check_bare.py`` on a GPU image without vLLM), so the
         wrappers measured there are these, applied by this code."""
         self.active = True
         for hook in self.hooks:

@@ -39,6 +39,9 @@ GRAPHS_V1, GRAPHS_V2, GRAPHS_MM = ("warmup.graph_capture", "warmup.graph_capture
 LOAD_V1, LOAD_V2 = "load.runner", "load.runner_v2"
 #: V1 runners ask ``CudagraphDispatcher``, V2 runners ``CudaGraphManager`` (``request.graphs``)
 DISPATCH_V1, DISPATCH_V2 = "request.graph_dispatch", "request.graph_dispatch_v2"
+#: V2's graph manager: its ``capture`` is where each shape's mode is seen (``hooks.capture``)
+V2_GRAPHS = "vllm.v1.worker.gpu.cudagraph_utils:CudaGraphManager"
+GRAPH_SHAPES_V2 = "warmup.graph_capture_v2_shapes"
 
 
 @dataclass(frozen=True)
@@ -186,49 +189,11 @@ def _wrap_loader_load_model(call, instance, args, kwargs):
     return call(*args, **kwargs)
 
 
-def _compilation_counter():
-    from vllm.compilation.counter import compilation_counter
-
-    return compilation_counter
-
-
-def _captured_sizes(runner: Any) -> list[int]:
-    manager = getattr(runner, "cudagraph_manager", None)
-    counts = getattr(manager, "captured_token_counts", None)
-    return [int(n) for n in counts()] if callable(counts) else []
-
-
-def _wrap_capture_model(warmup, call, instance, args, kwargs):
-    """V2's ``capture_model`` (and the encoder-only runner's): no span of vLLM's around it, so
-    ours, "Capture model" as on V1, with the graphs, batch sizes and the bytes it returns. Its
-    ``profile_only`` calls (a memory estimate before the KV cache exists) are not the stage."""
-    if kwargs.get("profile_only"):
-        return call(*args, **kwargs)
-    counter = _compilation_counter()
-    graphs_before = counter.num_cudagraph_captured
-    with spans.stage_span(semconv.SPAN_GRAPH_CAPTURE, semconv.STAGE_WARMUP_GRAPH_CAPTURE,
-                          enrich=semconv.SPAN_GRAPH_CAPTURE,
-                          attributes=runner_attributes(instance), tracer=warmup.tracer) as span:
-        graph_bytes = call(*args, **kwargs)
-        sizes = _captured_sizes(instance)
-        span.set_attributes({
-            semconv.ATTR_GRAPH_COUNT: counter.num_cudagraph_captured - graphs_before or len(sizes),
-            semconv.ATTR_GRAPH_BATCH_SIZES: sizes,
-            semconv.ATTR_GRAPH_MEMORY_BYTES: int(graph_bytes) if isinstance(graph_bytes, int)
-            else None,
-        })
-        return graph_bytes
-
-
 LOAD_RUNNER = Hook(LOAD_V1, f"{_LOADER}.load_model", _wrap_loader_load_model,
                    stage=semconv.STAGE_LOAD, process=WORKER)
 # the spans of these go to the warm-up part's tracer (``hooks.warmup.PART``, which imports us)
 _WARMUP = "warmup"
 LOAD_RUNNER_V2 = Hook(LOAD_V2, f"{V2}.load_model", _wrap_load_v2, stage=semconv.STAGE_LOAD,
                       process=WORKER, state=_WARMUP)
-GRAPH_CAPTURE_V2 = Hook(GRAPHS_V2, f"{V2}.capture_model", _wrap_capture_model,
-                        stage=semconv.STAGE_WARMUP_GRAPH_CAPTURE, process=WORKER, state=_WARMUP)
-GRAPH_CAPTURE_MM = Hook(GRAPHS_MM, f"{MM_ENCODER}.capture_model", _wrap_capture_model,
-                        stage=semconv.STAGE_WARMUP_GRAPH_CAPTURE, process=WORKER, state=_WARMUP)
-
-HOOKS = [LOAD_RUNNER, LOAD_RUNNER_V2, GRAPH_CAPTURE_V2, GRAPH_CAPTURE_MM]
+# the graph-capture hooks (V1's, V2's, the encoder-only runner's): ``hooks.capture``
+HOOKS = [LOAD_RUNNER, LOAD_RUNNER_V2]

@@ -13,7 +13,7 @@ from typing import Any
 from opentelemetry import trace
 
 from otel_ttft import semconv
-from otel_ttft.runtime.hooks import runners
+from otel_ttft.runtime.hooks import capture, runners
 from otel_ttft.runtime.hooks.registry import Hook, report_failure
 from otel_ttft.runtime.hooks.request import worker as request_worker
 from otel_ttft.runtime.telemetry import spans
@@ -133,12 +133,14 @@ def _compile_outcome(counter: Any, before: Any, aot_probe: bool) -> dict[str, An
 
 
 class Warmup:
-    """The ``warmup`` part: the tracer its spans go to, and the compiled modules whose AOT-cache
-    load attempt was a stage already (``probed_tags``)."""
+    """The ``warmup`` part: the tracer its spans go to, the compiled modules whose AOT-cache
+    load attempt was a stage already (``probed_tags``), the graph capture under way."""
 
     def __init__(self, process_state: Any) -> None:
         self.tracer = process_state.tracer
         self.probed_tags: set[str] = set()
+        #: the open "Capture model" span's captures, per mode (``hooks.capture``)
+        self.graphs: capture.GraphTally | None = None
 
 
 PART = "warmup"
@@ -199,43 +201,6 @@ def _wrap_initialize_kv_cache(warmup, call, instance, args, kwargs):
         return call(*args, **kwargs)
 
 
-def _device_memory_used() -> int | None:
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            free, total = torch.cuda.mem_get_info()
-            return int(total - free)
-    except Exception:  # noqa: BLE001
-        return None
-    return None
-
-
-def _wrap_capture_cudagraphs(call, instance, args, kwargs):
-    """Adds to vLLM's "Capture model" span: graphs captured, batch sizes, device memory taken."""
-    span = trace.get_current_span()
-    counter = _compilation_counter()
-    graphs_before = counter.num_cudagraph_captured
-    mem_before = _device_memory_used()
-    result = call(*args, **kwargs)
-    if span.is_recording():
-        attrs = dict(getattr(span, "attributes", None) or {})
-        descriptors = args[0] if args else kwargs.get("batch_descriptors") or []
-        sizes = list(attrs.get(semconv.ATTR_GRAPH_BATCH_SIZES, ()))
-        sizes += [int(getattr(d, "num_tokens", 0)) for d in descriptors]
-        graphs = attrs.get(semconv.ATTR_GRAPH_COUNT, 0)
-        graphs += counter.num_cudagraph_captured - graphs_before or len(descriptors)
-        update = {semconv.ATTR_GRAPH_COUNT: graphs, semconv.ATTR_GRAPH_BATCH_SIZES: sizes,
-                  **runners.runner_attributes(instance)}
-        mem_after = _device_memory_used()
-        if mem_before is not None and mem_after is not None:
-            update[semconv.ATTR_GRAPH_MEMORY_BYTES] = (
-                attrs.get(semconv.ATTR_GRAPH_MEMORY_BYTES, 0) + max(mem_after - mem_before, 0))
-        span.set_attributes(update)
-        span.set_attribute(semconv.ATTR_STAGE, semconv.STAGE_WARMUP_GRAPH_CAPTURE)
-    return result
-
-
 DEVICE_INIT_CPU = Hook("warmup.device_init_cpu", "vllm.v1.worker.cpu_worker:CPUWorker.init_device",
                        _wrap_device_init, stage=semconv.STAGE_WARMUP_DEVICE_INIT,
                        process=WORKER, optional=True, state=PART)
@@ -256,9 +221,7 @@ KV_ALLOC = Hook(runners.KV_V1, f"{runners.V1}.initialize_kv_cache",
 KV_ALLOC_V2 = Hook(runners.KV_V2, f"{runners.V2}.initialize_kv_cache",
                    _wrap_initialize_kv_cache, stage=semconv.STAGE_WARMUP_KV_ALLOC, process=WORKER,
                 state=PART)
-GRAPH_CAPTURE = Hook(runners.GRAPHS_V1, f"{runners.V1}._capture_cudagraphs",
-                     _wrap_capture_cudagraphs, stage=semconv.STAGE_WARMUP_GRAPH_CAPTURE,
-                     process=WORKER)
+GRAPH_CAPTURE = capture.GRAPH_CAPTURE  # V1's (the others: ``capture.HOOKS``)
 
-HOOKS = [DEVICE_INIT_CPU, PROFILE_GPU, PROFILE_CPU, COMPILE, KV_ALLOC, KV_ALLOC_V2, GRAPH_CAPTURE,
-         *runners.HOOKS]
+HOOKS = [DEVICE_INIT_CPU, PROFILE_GPU, PROFILE_CPU, COMPILE, KV_ALLOC, KV_ALLOC_V2,
+         *capture.HOOKS, *runners.HOOKS]

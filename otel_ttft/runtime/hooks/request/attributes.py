@@ -191,9 +191,7 @@ def _attributes(rec: RequestRecord, eng: EnginePayload | None, ttft: float | Non
     if eng is not None and eng.steps:
         attrs.update(step_evidence(eng.steps))
     if eng is not None and eng.graph is not None:
-        attrs[semconv.ATTR_STEP_CUDAGRAPH_MODE] = eng.graph.mode
-        attrs[semconv.ATTR_STEP_CUDAGRAPH_TOKENS] = eng.graph.tokens
-        attrs[semconv.ATTR_CUDAGRAPH_MAX_CAPTURED_TOKENS] = eng.graph.max_captured
+        attrs.update(graph_evidence(eng.graph))
     if eng is not None and eng.engine_waits:
         attrs[semconv.ATTR_ENGINE_QUEUED_SECONDS] = sum(e.queued for e in eng.engine_waits)
     waited = sum(w.seconds for w in named_waits(eng, first_scheduled(schedule)))
@@ -218,3 +216,25 @@ def _attributes(rec: RequestRecord, eng: EnginePayload | None, ttft: float | Non
     return attrs
 
 
+
+
+def step_execution(graph: Any) -> str:
+    """How the first prefill step ran: a full or a piecewise graph, or outside every graph the
+    compiled model (not eager: Inductor's kernels, launched one by one) or the eager one."""
+    if graph.mode == "FULL":
+        return semconv.EXECUTION_FULL_GRAPH
+    if graph.mode == "PIECEWISE":
+        return semconv.EXECUTION_PIECEWISE_GRAPH
+    return semconv.EXECUTION_COMPILED if graph.compiled else semconv.EXECUTION_EAGER
+
+
+def graph_evidence(graph: Any) -> dict[str, Any]:
+    """The first prefill step's CUDA-graph decision, each mode's limit apart."""
+    return {semconv.ATTR_STEP_CUDAGRAPH_MODE: graph.mode,
+            semconv.ATTR_STEP_CUDAGRAPH_TOKENS: graph.tokens,
+            semconv.ATTR_STEP_CUDAGRAPH_PADDED_TOKENS: graph.padded or graph.tokens,
+            semconv.ATTR_STEP_EXECUTION: step_execution(graph),
+            semconv.ATTR_STEP_CUDAGRAPH_SOURCE: graph.source,
+            semconv.ATTR_CUDAGRAPH_MAX_CAPTURED_TOKENS: graph.max_captured,
+            semconv.ATTR_CUDAGRAPH_MAX_FULL_TOKENS: graph.max_full,
+            semconv.ATTR_CUDAGRAPH_MAX_PIECEWISE_TOKENS: graph.max_piecewise}

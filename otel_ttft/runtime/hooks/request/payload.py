@@ -56,11 +56,26 @@ class GraphChoice(msgspec.Struct, array_like=True, frozen=True):
     its CUDA-graph dispatch decision for that step."""
 
     mode: str
-    """vLLM's ``CUDAGraphMode`` for the step: ``NONE`` ran eager (no captured graph fits)."""
+    """vLLM's ``CUDAGraphMode`` for the step: ``NONE`` ran outside every graph (eager, or the
+    compiled model without a graph: ``compiled``)."""
     tokens: int
     """Tokens in the step."""
     max_captured: int
-    """The largest batch, in tokens, with a captured graph."""
+    """The largest batch, in tokens, a graph captured for mixed (prefill) batches takes: the
+    piecewise limit when piecewise graphs run prefills, the full one in full-only mode; 0 when
+    no graph can run a prefill (full decode graphs only)."""
+    padded: int = 0
+    """Tokens the step ran as: the graph's size (its tokens when no graph ran)."""
+    max_full: int = 0
+    """The largest full graph, in tokens (decode-only graphs included); 0: none."""
+    max_piecewise: int = 0
+    """The largest batch captured piecewise, in tokens; 0: none."""
+    compiled: bool = False
+    """The model runs torch.compiled (vLLM's compilation mode is not ``NONE``): a step outside
+    every graph ran the compiled model, not eager."""
+    source: str = "dispatch"
+    """``cudagraph_stats``: mode and padding from vLLM's own per-step record (``--cudagraph-
+    metrics``, after data-parallel ranks agreed); ``dispatch``: the dispatcher's answer."""
 
 
 class GraphDispatch(msgspec.Struct, array_like=True, frozen=True):
@@ -91,6 +106,9 @@ class CompileTime(msgspec.Struct, array_like=True, frozen=True):
     """Tokens scheduled in the step it ran in."""
     step_requests: int
     """Requests in that step."""
+    compiler: str = "dynamo"
+    """``dynamo`` (torch.compile, Inductor's kernels inside it) or ``triton`` (a ``@triton.jit``
+    kernel compiled for a new specialization: Triton's own hooks timed it)."""
 
 
 class AdapterLoad(msgspec.Struct, array_like=True, frozen=True):
@@ -249,7 +267,8 @@ def decode(value: str) -> EnginePayload | None:
     for kind, ts in w.schedule:
         if (kind != SCHEDULED and kind != PREEMPTED) or not isfinite(ts):
             return None
-    if any(c.step_tokens < 0 or c.step_requests < 0 for c in w.compile):
+    if any(c.step_tokens < 0 or c.step_requests < 0 or len(c.compiler) > 16
+           for c in w.compile):
         return None
     intervals = [(c.start, c.end) for c in w.compile]
     for start, end in intervals if w.adapter is None else [w.adapter, *intervals]:
@@ -261,8 +280,9 @@ def decode(value: str) -> EnginePayload | None:
                 and isfinite(step.queued) and step.queued >= 0
                 and isfinite(step.queued_before) and step.queued_before >= 0):
             return None
-    if w.graph is not None and (w.graph.tokens < 0 or w.graph.max_captured < 0
-                                or len(w.graph.mode) > 32):
+    g = w.graph
+    if g is not None and (min(g.tokens, g.max_captured, g.padded, g.max_full, g.max_piecewise) < 0
+                          or len(g.mode) > 32 or len(g.source) > 32):
         return None
     if w.prefix is not None and (w.prefix.tokens <= 0 or len(w.prefix.digests)
                                  > MAX_PREFIX_BLOCKS * PREFIX_HASH_BYTES

@@ -269,7 +269,8 @@ def compile_evidence(c: CompileTime) -> dict[str, Any]:
     attrs: dict[str, Any] = {
         semconv.ATTR_COMPILE_ID: c.compile_id, semconv.ATTR_COMPILE_RECOMPILE: c.recompile,
         semconv.ATTR_COMPILE_MODEL_GRAPH: c.model_graph,
-        semconv.ATTR_STEP_TOKENS: c.step_tokens, semconv.ATTR_STEP_REQUESTS: c.step_requests}
+        semconv.ATTR_STEP_TOKENS: c.step_tokens, semconv.ATTR_STEP_REQUESTS: c.step_requests,
+        semconv.ATTR_COMPILE_COMPILER: c.compiler}
     if c.frame:
         attrs[semconv.ATTR_COMPILE_FRAME] = c.frame
     return attrs

@@ -19,6 +19,10 @@ whether it is a recompile (Dynamo's attempt number), whether it was vLLM's own m
 the latest step's shape, and, when shipped, what was compiled (``file:function``, from Dynamo's
 own record of its compiles, ``torch._dynamo.utils.get_compilation_metrics``).
 
+Triton: a ``@triton.jit`` kernel compiled inside a step (Model Runner V2's logprobs, its
+sampling kernels) is no Dynamo compile; Triton's own hooks time it (``kernels``), registered
+with Dynamo's, and it is noted the same way, ``compiler="triton"``.
+
 Contention: a step that runs some request's prefill on a CPU worker is timed twice, on the wall
 clock and on the worker thread's CPU clock (``time.thread_time()``), over ``Worker.execute_model``
 and the step's ``Worker.sample_tokens`` (both run on the worker's main thread). Their difference
@@ -40,6 +44,7 @@ from typing import Any
 
 import msgspec
 
+from otel_ttft.runtime.hooks.request.kernels import TritonCompiles
 from otel_ttft.runtime.hooks.request.payload import (
     WORKER_NOTES_ATTR,
     AdapterLoad,
@@ -109,7 +114,9 @@ class WorkerSteps:
         self.notes: list[Note] = []
         self.steps: list[PrefillStep] = []
         self.last_step: Any = None  # the latest step's SchedulerOutput (None: start-up)
-        self.graph_noted: Any = None  # the SchedulerOutput whose CUDA-graph decision is noted
+        self.graph_shipped: Any = None  # the SchedulerOutput whose CUDA-graph decision shipped
+        self.graph_pending: GraphDispatch | None = None  # the current step's, until its output
+        self.graph_step: Any = None  # the SchedulerOutput ``graph_pending`` belongs to
         self.compiling: _Compiling | None = None
         self.prefilling: dict[str, int] = {}  # request id -> prompt tokens still to compute
         self.open: _OpenStep | None = None  # the step whose sample_tokens is still to come
@@ -117,17 +124,20 @@ class WorkerSteps:
         self.run_queue = RunQueueClock(with_io_threads=True)  # the worker's (and wake-up's) wait
         self.queued_last: float | None = None  # its run-queue reading at the latest step
         self.callbacks: Any = None  # Dynamo's handler while registered (False: tried, or closed)
+        self.triton = TritonCompiles(self._kernel_compiled)  # Triton's JIT hooks, at first step
         self.closed = False
 
     def close(self) -> None:
         self.closed = True
         handler, self.callbacks = self.callbacks, False  # never registered again
+        self.triton.remove()
         if handler:
             with contextlib.suppress(ValueError):  # (gone already: ``torch._dynamo.reset()``)
                 handler.remove_start_callback(self._compile_started)
             with contextlib.suppress(ValueError):
                 handler.remove_end_callback(self._compile_ended)
         self.run_queue.close()
+        self.graph_pending = self.graph_step = self.graph_shipped = None
         self.notes.clear()
         self.steps.clear()
         self.prefilling.clear()
@@ -144,6 +154,8 @@ class WorkerSteps:
         way from a worker to EngineCore. A reused output object (vLLM's empty one) is cleared."""
         if not hasattr(output, "req_id_to_index"):
             return output
+        if self.graph_pending is not None:
+            self._ship_graph(getattr(output, "cudagraph_stats", None))
         if self.notes or self.steps:
             setattr(output, WORKER_NOTES_ATTR, WorkerNotes(_named(_take(self.notes)),
                                                            _take(self.steps)))
@@ -154,8 +166,10 @@ class WorkerSteps:
     # --- compiles ----------------------------------------------------------------------------
 
     def _watch_compiles(self) -> None:
-        """Dynamo's callbacks, registered once, at the worker's first step."""
+        """Dynamo's callbacks and Triton's JIT hooks, registered once, at the worker's first
+        step."""
         self.callbacks = False  # tried: never twice
+        self.triton.install()
         try:
             from torch._dynamo.callback import callback_handler
         except ImportError:
@@ -183,20 +197,51 @@ class WorkerSteps:
             int(getattr(step, "total_num_scheduled_tokens", 0) or 0),
             len(getattr(step, "num_scheduled_tokens", None) or ())))
 
+    def _kernel_compiled(self, start: float, end: float, frame: str, attempt: int) -> None:
+        """A Triton kernel compiled (``kernels``); inside a Dynamo compile it is part of that."""
+        if self.closed or self.compiling is not None:
+            return
+        step = self.last_step
+        self.keep(CompileTime(
+            start, end, frame, f"triton/{attempt}", attempt > 0, False,
+            int(getattr(step, "total_num_scheduled_tokens", 0) or 0),
+            len(getattr(step, "num_scheduled_tokens", None) or ()), compiler="triton"))
+
     # --- CUDA-graph decisions (``graphs``) ----------------------------------------------------
 
-    def unnoted_prefill_step(self) -> Any:
-        """The current step, if it starts some request's prefill and its CUDA-graph decision is
-        not noted yet."""
+    def prefill_step(self) -> Any:
+        """The current step, if it starts some request's prefill and its CUDA-graph decision has
+        not shipped yet."""
         step = self.last_step
-        if step is None or step is self.graph_noted or not step.scheduled_new_reqs:
+        if step is None or step is self.graph_shipped or not step.scheduled_new_reqs:
             return None
         return step
 
     def note_graph(self, step: Any, choice: GraphChoice) -> None:
-        """The CUDA-graph decision of ``step``, for the requests it starts."""
-        self.graph_noted = step
-        self.keep(GraphDispatch(choice, [r.req_id for r in step.scheduled_new_reqs]))
+        """The CUDA-graph decision of ``step``, for the requests it starts; a later dispatch for
+        the same step (after data-parallel ranks agreed on a padded size) replaces it, the
+        step's own token count kept. It ships with the step's output (:meth:`attach`)."""
+        pending = self.graph_pending
+        if pending is not None and self.graph_step is not step:
+            self._ship_graph(None)
+        elif pending is not None:
+            choice = msgspec.structs.replace(choice, tokens=pending.choice.tokens)
+        self.graph_pending = GraphDispatch(choice, [r.req_id for r in step.scheduled_new_reqs])
+        self.graph_step = step
+
+    def _ship_graph(self, stats: Any) -> None:
+        """The pending decision joins the notes; vLLM's own record of the step
+        (``cudagraph_stats``: the mode and padding that ran) over the dispatcher's answer."""
+        pending, self.graph_pending = self.graph_pending, None
+        if pending is None:
+            return
+        choice = pending.choice
+        if stats is not None:
+            choice = msgspec.structs.replace(
+                choice, mode=str(stats.runtime_mode).rpartition(".")[2],
+                padded=int(stats.num_padded_tokens), source="cudagraph_stats")
+        self.graph_shipped = self.graph_step
+        self.keep(GraphDispatch(choice, pending.request_ids))
 
     # --- steps -------------------------------------------------------------------------------
 
