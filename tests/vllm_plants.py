@@ -85,14 +85,15 @@ def _slow_iterator(inner):
 
 def register():
     try:
-        from vllm.model_executor.model_loader import default_loader, weight_utils
+        from vllm.model_executor.model_loader import default_loader
     except ImportError:
         return
-    if not getattr(weight_utils, "_ttft_test_planted", False):
-        weight_utils._ttft_test_planted = True
-        slow = _slow_iterator(weight_utils.safetensors_weights_iterator)
-        weight_utils.safetensors_weights_iterator = slow
-        default_loader.safetensors_weights_iterator = slow
+    if not getattr(default_loader, "_ttft_test_planted", False):
+        # the default loader's own name for it (what otel-ttft's shard hook wraps too): wrapped,
+        # never replaced, whichever of the two comes first
+        default_loader._ttft_test_planted = True
+        default_loader.safetensors_weights_iterator = _slow_iterator(
+            default_loader.safetensors_weights_iterator)
 ''',
     "profile": _COMMON + '''
 
