@@ -119,7 +119,8 @@ def test_a_cold_slow_read_names_the_page_cache_command_with_the_files_and_vllms_
     assert (j["substage"], j["recommendation"]) == (semconv.STAGE_LOAD_READ, "keep-resident")
     s = j["summary"]
     assert "vmtouch -t /models/m/model-00001.safetensors '/models/m/model 2.safetensors'" in s
-    assert "0% in the page cache before its read" in s and "GB/s" in s
+    assert "0% in the page cache before its read" in s and "4.00 GiB came from storage at " \
+        "0.14 GB/s in 31.0 s" in s  # load.read 1 s + 30 s
     assert "or --safetensors-load-strategy prefetch" in s  # the installed vLLM's choice
     assert "--load-format runai_streamer" in s or "--load-format fastsafetensors" in s
 

@@ -190,7 +190,9 @@ def _page_cache(b: Builder, ratio: float | None) -> None:
         return
     seconds = ev.p50(semconv.STAGE_LOAD_READ)
     size = ev.own.get("bytes_read") or 0
-    rate = f" at {size / seconds / 1e9:.2f} GB/s" if size and seconds > 0 else ""
+    per_s = size / seconds if size and seconds > 0 else 0.0
+    rate = (f" at {per_s / 1e9:.2f} GB/s" if per_s >= 1e8 else
+            f" at {per_s / 1e6:.2f} MB/s" if per_s else "")
     shown = " ".join(shlex.quote(f) for f in files[:_SHOWN_FILES])
     more = f" (and {len(files) - _SHOWN_FILES} more files)" if len(files) > _SHOWN_FILES else ""
     b.add("page-cache-warm",
