@@ -51,7 +51,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from otel_ttft.runtime import config, configurator
 from otel_ttft.runtime.hooks import all_parts, request, rpc
 from otel_ttft.runtime.hooks.registry import HookSet
-from otel_ttft.runtime.hooks.request import flush
+from otel_ttft.runtime.hooks.request import state as request_state
 from otel_ttft.runtime.instrumentor import disabled_hooks
 from otel_ttft.runtime.state import ProcessState
 from otel_ttft.tools.tiny_model import ensure_tiny_model
@@ -302,7 +302,7 @@ class _Front:
         await send({"type": "http.response.start", "status": 200, "headers": []})
         for i in range(self.n_outputs):
             if i == 1:  # the first output reached the API process: its chunk is timed
-                box = flush.FLUSH.get()
+                box = request_state.FLUSH.get()
                 if box is not None:
                     box.armed = True
             await send({"type": "http.response.body", "body": b"data: {}\n\n",

@@ -185,7 +185,9 @@ def _activation(verdict, ledger, spans, vllm_config, compile_s: float):
     from opentelemetry import trace
 
     from otel_ttft.runtime import clock
+    from otel_ttft.runtime.state import ProcessIdentity
 
+    api_server = ProcessIdentity(kind=semconv.PROCESS_API_SERVER)
     live = _live(verdict)
     live.note_config(vllm_config)
     assert live.wait_for_history(60)
@@ -195,12 +197,12 @@ def _activation(verdict, ledger, spans, vllm_config, compile_s: float):
     parent = trace.set_span_in_context(root)
     spans.emit_span(semconv.SPAN_PROCESS_START, start, start + int(15e9),
                     stage=semconv.STAGE_WARMUP_PROCESS_START, context=parent,
-                    tracer=our_tracer())
+                    tracer=our_tracer(), identity=api_server)
     spans.emit_span(semconv.SPAN_TORCH_COMPILE, start + int(16e9),
                     start + int((16 + compile_s) * 1e9), stage=semconv.STAGE_WARMUP_COMPILE,
                     context=parent, attributes={semconv.ATTR_COMPILE_CACHE_HIT: False,
                                                 semconv.ATTR_COMPILE_CACHE_DIR: "/tmp/cc"},
-                    tracer=our_tracer())
+                    tracer=our_tracer(), identity=api_server)
     live.on_ready(root, start, end)
     root.end(end_time=end)
     return root, live

@@ -125,6 +125,7 @@ def test_vllm_spans_move_onto_our_clock_after_a_wall_clock_step(monkeypatch):
     from opentelemetry import trace
 
     from otel_ttft import semconv
+    from otel_ttft.runtime.state import ProcessIdentity
     from otel_ttft.runtime.telemetry import spans
     from tests.otel_memory import memory_exporter
 
@@ -134,12 +135,13 @@ def test_vllm_spans_move_onto_our_clock_after_a_wall_clock_step(monkeypatch):
     tracer = trace.get_tracer("vllm.model_executor.model_loader")
     before = clock.now_ns()
     with tracer.start_as_current_span("Load model"), \
-            spans.stage_span(semconv.SPAN_SHARD_READ, semconv.STAGE_LOAD_READ, tracer=our_tracer()):
+            spans.stage_span(semconv.SPAN_SHARD_READ, semconv.STAGE_LOAD_READ, tracer=our_tracer(),
+                             identity=ProcessIdentity()):
         time.sleep(0.01)
     with tracer.start_as_current_span("someone else's"):
         pass
     with spans.stage_span(semconv.SPAN_KV_ALLOC, semconv.STAGE_WARMUP_KV_ALLOC,
-                          tracer=our_tracer()):
+                          tracer=our_tracer(), identity=ProcessIdentity()):
         pass  # vLLM's name, opened by us (where vLLM has none): on our clock already
     after = clock.now_ns()
     got = {s.name: s for s in exporter.get_finished_spans()}

@@ -118,7 +118,8 @@ def test_a_wait_is_named_under_its_step_with_its_evidence_and_jitter_is_not():
     ((name, stage, start, end, attrs),) = wait_spans(eng)
     assert (name, stage) == (semconv.SPAN_PREFILL_WAIT, semconv.STAGE_PREFILL_WAIT)
     assert end == stopped.end and end - start == pytest.approx(1.18)
-    assert attrs == {**step_evidence([stopped]), semconv.ATTR_STEP_QUEUED_SECONDS: 0.0}
+    assert attrs == {**step_evidence([stopped]), semconv.ATTR_STEP_QUEUED_SECONDS: 0.0,
+                     semconv.ATTR_WAIT_CAUSE: semconv.WAIT_CAUSE_NOT_RUNNABLE}
     assert attrs[semconv.ATTR_STEP_CPU_RATIO] == pytest.approx(0.02 / 1.2)
     assert wait_spans(EnginePayload(9.0, 0, 0, 1, 2)) == []
     assert wait_spans(None) == []

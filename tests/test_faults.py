@@ -23,9 +23,8 @@ from opentelemetry.trace import StatusCode
 from otel_ttft import semconv
 from otel_ttft.runtime import clock, config, inflight, state_files
 from otel_ttft.runtime import environment_variables as env
-from otel_ttft.runtime.context import process as this_process
 from otel_ttft.runtime.hooks import fault
-from otel_ttft.runtime.state import PartSpec, ProcessState
+from otel_ttft.runtime.state import PartSpec, ProcessIdentity, ProcessState
 from otel_ttft.runtime.telemetry import spans
 from otel_ttft.tools.analysis.traces import build_trees
 from otel_ttft.tools.replay.server import free_port
@@ -33,6 +32,8 @@ from otel_ttft.tools.sink.otlp_decode import decode_trace_request
 from tests.collector_faults import SilentCollector
 from tests.otel_memory import memory_exporter
 from tests.request_engine import current_config, our_tracer
+
+WORKER = ProcessIdentity(kind=semconv.PROCESS_WORKER)  # the process these tests' spans claim
 
 EXIT_SCRIPT = textwrap.dedent('''
     import os, sys, time
@@ -97,7 +98,7 @@ def test_open_spans_nest_in_opening_order_whatever_their_start_times():
     try:
         with trace.use_span(root), \
                 spans.stage_span(semconv.SPAN_SHARD_READ, semconv.STAGE_LOAD_READ,
-                                 tracer=our_tracer()) as shard:
+                                 tracer=our_tracer(), identity=WORKER) as shard:
             assert [s.name for s in tracker.open_spans()] == [
                 semconv.SPAN_ACTIVATION, semconv.SPAN_SHARD_READ]
             assert tracker.innermost() is shard
@@ -114,12 +115,13 @@ def test_open_spans_give_the_in_progress_stage_and_an_unfinished_snapshot():
     root = tracer.start_span(semconv.SPAN_ACTIVATION, start_time=clock.now_ns())
     try:
         with trace.use_span(root), \
-                spans.stage_span("Load weights", semconv.STAGE_LOAD, tracer=our_tracer()), \
+                spans.stage_span("Load weights", semconv.STAGE_LOAD, tracer=our_tracer(),
+                                 identity=WORKER), \
                 spans.stage_span(semconv.SPAN_SHARD_READ, semconv.STAGE_LOAD_READ,
-                                 tracer=our_tracer()) as shard:
+                                 tracer=our_tracer(), identity=WORKER) as shard:
             assert tracker.innermost() is shard
             watch = inflight.InflightWatch.__new__(inflight.InflightWatch)  # its gauge alone
-            watch.tracker = tracker
+            watch.tracker, watch.identity = tracker, WORKER
             (obs,) = watch.observe()
             assert obs.attributes[semconv.ATTR_STAGE] == semconv.STAGE_LOAD_READ
             assert obs.value >= 0
@@ -173,10 +175,11 @@ def _child_loads_forever(parent_traceparent: str) -> None:
     from otel_ttft.runtime import configurator
 
     configurator.configure({"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"})
-    this_process.kind = "worker"
     ctx = TraceContextTextMapPropagator().extract({"traceparent": parent_traceparent})
-    with spans.stage_span("Load weights", semconv.STAGE_LOAD, context=ctx, tracer=our_tracer()), \
-            spans.stage_span(semconv.SPAN_SHARD_READ, semconv.STAGE_LOAD_READ, tracer=our_tracer()):
+    with spans.stage_span("Load weights", semconv.STAGE_LOAD, context=ctx, tracer=our_tracer(),
+                          identity=WORKER), \
+            spans.stage_span(semconv.SPAN_SHARD_READ, semconv.STAGE_LOAD_READ, tracer=our_tracer(),
+                             identity=WORKER):
         time.sleep(600)
 
 
@@ -265,13 +268,14 @@ SIGNAL_SCRIPT = textwrap.dedent('''
     from otel_ttft.runtime import configurator
     from otel_ttft.runtime.telemetry import spans
     from otel_ttft.runtime.instrumentor import VllmTTFTInstrumentor
+    from otel_ttft.runtime.state import ProcessIdentity
     configurator.configure()
     VllmTTFTInstrumentor().instrument(skip_dep_check=True)  # the watchers start with it
     assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL, "no handler installed"
     tracer = trace.get_tracer("otel_ttft")
     root = tracer.start_span(semconv.SPAN_ACTIVATION)
     with trace.use_span(root), spans.stage_span("Load weights", semconv.STAGE_LOAD,
-                                                tracer=tracer):
+                                                tracer=tracer, identity=ProcessIdentity()):
         os.kill(os.getpid(), signal.SIGTERM)
         signal.pause()
 ''')
@@ -382,7 +386,7 @@ def test_a_sampler_that_drops_every_span_leaves_stages_and_compiles_running(monk
     dropping = TracerProvider(sampler=ALWAYS_OFF)
     try:
         with spans.stage_span(semconv.SPAN_SHARD_READ, semconv.STAGE_LOAD_READ,
-                              tracer=dropping.get_tracer("t")) as span:
+                              tracer=dropping.get_tracer("t"), identity=WORKER) as span:
             assert not span.is_recording()
         entered = []
 
@@ -420,7 +424,7 @@ def test_a_stage_given_after_the_span_opened_is_in_the_published_chain():
     span = our_tracer().start_span(semconv.SPAN_SHARD_READ, start_time=clock.now_ns())
     try:
         assert span in tracker.open_spans()
-        spans.tag_span(span, semconv.STAGE_LOAD_READ, None)
+        spans.tag_span(span, semconv.STAGE_LOAD_READ, None, WORKER)
         (entry,) = state_files.read_open_chain(os.getpid())["open"]
         assert entry["stage"] == semconv.STAGE_LOAD_READ
     finally:

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from otel_ttft import semconv
-from otel_ttft.runtime.context import process as this_process
 from otel_ttft.runtime.hooks import first_use
 from otel_ttft.runtime.hooks.registry import HookSet
 from otel_ttft.runtime.state import PartSpec, ProcessState
@@ -22,9 +21,9 @@ from tests.request_engine import current_config
 @pytest.fixture
 def imports_hooked(monkeypatch: pytest.MonkeyPatch):
     hook = next(h for h in first_use.HOOKS if h.name == "request.first_use.imports")
-    monkeypatch.setattr(this_process, "kind", semconv.PROCESS_API_SERVER)
-    hooks = HookSet([hook], ProcessState(current_config(),
-                                         [PartSpec(first_use.PART, first_use.FirstUse)]))
+    state = ProcessState(current_config(), [PartSpec(first_use.PART, first_use.FirstUse)])
+    state.identity.set_kind(semconv.PROCESS_API_SERVER)
+    hooks = HookSet([hook], state)
     hooks.apply()
     assert hook.applied
     try:
@@ -60,7 +59,7 @@ def test_a_first_import_is_one_fill_and_a_second_costs_nothing(imports_hooked, t
 
 
 def test_other_processes_record_nothing(imports_hooked, tmp_path, monkeypatch):
-    monkeypatch.setattr(this_process, "kind", semconv.PROCESS_ENGINE_CORE)
+    imports_hooked.identity.set_kind(semconv.PROCESS_ENGINE_CORE)
     name = _modules(tmp_path, monkeypatch, "b")
     start = time.monotonic()
     importlib.import_module(name)
@@ -70,7 +69,7 @@ def test_other_processes_record_nothing(imports_hooked, tmp_path, monkeypatch):
 
 
 def test_a_window_sees_only_the_fills_that_began_inside_it():
-    part = first_use.FirstUse()
+    part = first_use.FirstUse(ProcessState(current_config()))
     part.fills.append((10.0, 10.5, "x"))
     part.fills.append((20.0, 20.1, "y"))
     assert [f[2] for f in part.within(9.0, 15.0)] == ["x"]

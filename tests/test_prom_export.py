@@ -121,7 +121,7 @@ m.record_activation_stage("warmup.compile", 4.0, "tiny", 1, cache_hit=False)
 m.record_activation_stage("load.read", 0.75, "tiny", 1)
 m.record_shard_read(1000, 1.5, "tiny")
 with trace.get_tracer("t").start_as_current_span("llm_request") as span:
-    mr.RequestMetrics(metrics.get_meter("otel_ttft")).record(
+    mr.RequestMetrics(config.Config(), metrics.get_meter("otel_ttft")).record(
         0.03, {"queue": 0.01, "prefill": 0.02}, "tiny", True, 2, 0.25)
     print(format(span.get_span_context().trace_id, "032x"))
 provider.shutdown()  # one export: like the Collector, a later point without exemplars would
@@ -302,13 +302,11 @@ def test_latest_activation_gauges_start_afresh_with_a_new_activation():
     assert list(part.last_feed(None)) == [] and list(part.compile_feed(None)) == []
 
 
-def test_stages_that_ended_before_the_model_was_known_carry_it_at_export(monkeypatch):
-    from otel_ttft.runtime.context import process as this_process
-
+def test_stages_that_ended_before_the_model_was_known_carry_it_at_export():
     state, part = _stage_metrics()
-    monkeypatch.setattr(this_process, "served_model", None)
+    assert state.identity.served_model is None
     part.record_activation_stage("warmup.process_start", 12.0, None, trace_id=7)
-    monkeypatch.setattr(this_process, "served_model", "m")
+    state.identity.served_model = "m"  # as the activation part notes it
     part.record_activation_stage("warmup.process_start", 3.0, "m", trace_id=7)
     (obs,) = list(part.observe_last(None))
     assert obs.attributes == {"ttft.stage": "warmup.process_start",

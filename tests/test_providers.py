@@ -59,7 +59,7 @@ SCRIPT = textwrap.dedent('''
     state = instrumentor.state  # what every hook is handed
     root = state.tracer.start_span(semconv.SPAN_ACTIVATION)
     with trace.use_span(root), spans.stage_span(semconv.SPAN_SHARD_READ, semconv.STAGE_LOAD_READ,
-                                                tracer=state.tracer):
+                                                tracer=state.tracer, identity=state.identity):
         state.part(our_metrics.PART).record_activation_stage(semconv.STAGE_LOAD_READ, 1.5, "m")
         out["metrics_private"], out["metrics_global"] = names(reader), names(global_reader)
     root.end()

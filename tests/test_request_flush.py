@@ -9,18 +9,18 @@ from dataclasses import replace
 
 from otel_ttft.runtime.hooks import request
 from otel_ttft.runtime.hooks.registry import HookSet
-from otel_ttft.runtime.hooks.request import flush, state
+from otel_ttft.runtime.hooks.request import api, state
 
 
 def test_the_first_chunk_after_the_first_output_is_timed():
     from starlette.responses import StreamingResponse
 
-    boxes: list[flush.FirstChunk] = []
+    boxes: list[state.FirstChunk] = []
     sent: list[tuple[bytes | None, float]] = []
 
     async def body():
         yield b"role"  # written before any output: not the first token's chunk
-        box = flush.FLUSH.get()
+        box = state.FLUSH.get()
         boxes.append(box)
         assert box.first is None
         box.armed = True  # what the request's first output does (``api.wrap_process_outputs``)
@@ -59,8 +59,8 @@ def test_an_armed_send_passes_anything_but_a_body_chunk_on_and_stays_armed():
         seen.append(message["type"])
 
     async def run():
-        box = flush.FirstChunk()
-        timed = flush._timed(send, box)
+        box = state.FirstChunk()
+        timed = api._timed(send, box)
         box.armed = True
         await timed({"type": "http.response.trailers"})
         assert box.first is None

@@ -16,8 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from otel_ttft import semconv
 from otel_ttft.runtime import config, environment_variables
 from otel_ttft.runtime.hooks.request import metrics as request_metrics
-from otel_ttft.runtime.hooks.request.flush import FirstChunk
-from otel_ttft.runtime.hooks.request.state import RequestRecord
+from otel_ttft.runtime.hooks.request.state import FirstChunk, RequestRecord
 from otel_ttft.runtime.hooks.request.timeline import SCHEDULED
 from tests.request_engine import api_part
 

@@ -10,9 +10,8 @@ import pytest
 from otel_ttft import semconv
 from otel_ttft.runtime import clock
 from otel_ttft.runtime.hooks.request import payload
-from otel_ttft.runtime.hooks.request.flush import FirstChunk
 from otel_ttft.runtime.hooks.request.payload import EnginePayload
-from otel_ttft.runtime.hooks.request.state import RequestRecord
+from otel_ttft.runtime.hooks.request.state import FirstChunk, RequestRecord
 from otel_ttft.runtime.hooks.request.timeline import (
     PREEMPTED,
     SCHEDULED,

@@ -1,9 +1,10 @@
 """Uninstrumenting leaves the process as it found it: what the start-up path installs while
 instrumented (wrappers on vLLM's real classes, exit handlers, filters on the OpenTelemetry
 loggers, signal handlers, the clock's environment variable, before-exit-flush callbacks, watcher
-threads, gauge callbacks, descriptors) is there once while instrumented, gone after, and there
-exactly once again after instrument -> uninstrument -> instrument; spans still open (the
-activation root, an eviction) are ended, not left open."""
+threads, gauge callbacks, descriptors, the process identity our span processors read) is there
+once while instrumented, gone after, and there exactly once again after instrument ->
+uninstrument -> instrument; spans still open (the activation root, an eviction) are ended, not
+left open."""
 
 from __future__ import annotations
 
@@ -15,14 +16,17 @@ import signal
 import threading
 import time
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 import wrapt
+from opentelemetry import trace
 
 from otel_ttft import semconv
-from otel_ttft.runtime import clock, config
+from otel_ttft.runtime import clock, config, inflight
 from otel_ttft.runtime.hooks import activation, all_hooks, switch
 from otel_ttft.runtime.instrumentor import VllmTTFTInstrumentor
+from otel_ttft.runtime.state import ProcessIdentity
 from otel_ttft.runtime.telemetry import bounded_export, spans
 from otel_ttft.runtime.telemetry import metrics as telemetry_metrics
 from tests.otel_memory import memory_exporter
@@ -106,6 +110,9 @@ def _installed(settle: tuple[str, ...] = _SHORT_LIVED) -> dict[str, object]:
                           if t.name.startswith("otel-ttft")),
         "gauges registered": len(telemetry_metrics._feeds),
         "gauges fed": sum(feed.source is not None for _, feed in telemetry_metrics._feeds.values()),
+        # what the processors of our configurator's provider (which outlive us) read it through
+        "identities held": sum(x is not None for x in (inflight.tracker().identity,
+                                                        telemetry_metrics.open_part())),
         "fds": len(os.listdir("/proc/self/fd")),
         "compile callbacks": _compile_callbacks(),
     }
@@ -143,9 +150,11 @@ def pristine(monkeypatch):
 
 def _use(instrumentor: VllmTTFTInstrumentor) -> None:
     """What a start-up and a stop do to the state: an activation root opened (not yet ready), the
-    switch chain in front of vLLM's handlers, an eviction begun."""
+    model noted, the switch chain in front of vLLM's handlers, an eviction begun."""
     state = instrumentor.state
-    assert state.part(activation.PART).ensure_root() is not None
+    act = state.part(activation.PART)
+    assert act.ensure_root() is not None
+    act.note_model(SimpleNamespace(model_config=SimpleNamespace(served_model_name="m")))
     part = state.part(switch.PART)
     part.install_signal_chain()
     assert part.start_eviction("SIGTERM") is not None
@@ -164,7 +173,7 @@ def test_uninstrument_takes_back_everything_the_start_up_path_installed(pristine
     # each of these is installed while instrumented (so the comparison below means something)
     assert {"wrappers", "atexit", "logger filters", "signal handlers", "clock offset env",
             "before exit flush", "exit deadline", "stage listeners", "threads",
-            "gauges fed", "compile callbacks"} <= changed, changed
+            "gauges fed", "compile callbacks", "identities held"} <= changed, changed
     instrumentor.uninstrument()
     after = _installed()
     # a gauge's registration stays with its provider (fed by nothing now: the test below)
@@ -216,3 +225,56 @@ def test_a_closed_part_feeds_no_gauge(pristine):
     assert telemetry_metrics._feeds == registered  # nothing new
     instrumentor.uninstrument()
     assert instrumentor.state is None
+
+
+def test_no_process_identity_outlives_its_instrumentation(pristine):
+    """Which process this is and its model live in the state: the processors of our
+    configurator's provider tag with them while instrumented, and with nothing after; a new
+    instrumentation starts blank."""
+    instrumentor, exporter = pristine
+    instrumentor.instrument(skip_dep_check=True)
+    _use(instrumentor)
+    state = instrumentor.state
+    assert state.identity == ProcessIdentity(semconv.PROCESS_API_SERVER, "m")
+    vllm_tracer = trace.get_tracer("vllm.model_executor.model_loader")
+
+    def process_kind_on_vllms_span() -> object:
+        exporter.clear()
+        vllm_tracer.start_span("Load model").end()
+        (span,) = exporter.get_finished_spans()
+        assert span.attributes[semconv.ATTR_STAGE] == semconv.STAGE_LOAD  # the tagger ran
+        return span.attributes.get(semconv.ATTR_PROCESS_KIND)
+
+    assert process_kind_on_vllms_span() == semconv.PROCESS_API_SERVER
+    instrumentor.uninstrument()
+    assert process_kind_on_vllms_span() is None
+    instrumentor.instrument(skip_dep_check=True)
+    assert instrumentor.state.identity == ProcessIdentity()
+    assert process_kind_on_vllms_span() is None
+    instrumentor.uninstrument()
+
+
+def test_the_request_instruments_read_the_open_part_after_instrumenting_again(pristine):
+    """The request path's observable instruments are fed like every gauge: after instrument ->
+    uninstrument -> instrument on one meter provider they report the new part's requests (the
+    SDK keeps the first instrument of a name and ignores a second one's callbacks)."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    instrumentor, _ = pristine
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+
+    def waiting() -> list[float]:
+        data = reader.get_metrics_data()
+        return [p.value for rm in data.resource_metrics for sm in rm.scope_metrics
+                for m in sm.metrics if m.name == semconv.METRIC_REQUEST_ARRIVAL_WAITING
+                for p in m.data.data_points]
+
+    for queue_depth in (3, 5):
+        instrumentor.instrument(skip_dep_check=True, meter_provider=provider)
+        metrics = instrumentor.state.part("request.api").emitter.metrics
+        metrics.record(0.1, {semconv.STAGE_QUEUE: 0.1}, "m", False, queue_depth, None)
+        assert waiting() == [queue_depth]
+        instrumentor.uninstrument()
+        assert waiting() == []

@@ -10,6 +10,16 @@ machine alike the planted step outweighs the three processes' imports, as a larg
   cache never hits across processes, the kernels' code cache does: codegen 24 s -> 8.5 s here).
 - ``read``: vLLM's safetensors iterator, after the first tensor of its first shard, sleeps FACTOR
   times the process's age (inside that shard's read span): a checkpoint read from slow storage.
+- ``rank1_load``: in the worker of rank 1 only (vLLM names its process ``VllmWorker-1``), vLLM's
+  weight loading (``DefaultModelLoader.get_all_weights``, inside its "Load weights" span) sleeps
+  FACTOR times the process's age first: one rank whose checkpoint reads were slow.
+- ``rank1_device``: in the worker of rank 1 only, vLLM's CPU device init (where
+  ``CPUWorker.init_device`` asks the platform for its CPU architecture, before vLLM's distributed
+  rendezvous) sleeps FACTOR times the process's age: one rank whose device was slow to come up,
+  the other waiting for it at the rendezvous.
+- ``rank1_kv``: in the worker of rank 1 only, the CPU model runner's KV-cache allocation
+  (``CPUModelRunner.initialize_kv_cache``, inside vLLM's "Allocate KV cache") sleeps FACTOR
+  times the process's age first.
 - ``profile``: vLLM's CPU memory probe, where the profile run calls it, sleeps FACTOR times the
   process's age (its interpreter start and imports), whatever the settings: a start-up cost no
   vLLM setting removes.
@@ -106,6 +116,62 @@ def register():
         cpu_worker._ttft_test_planted = True
         cpu_worker.get_memory_node_info = _slow(cpu_worker.get_memory_node_info,
                                                 "determine_available_memory")
+''',
+    "rank1_load": _COMMON + '''
+
+def register():
+    import multiprocessing
+
+    if multiprocessing.current_process().name != "VllmWorker-1":
+        return
+    from vllm.model_executor.model_loader import default_loader as dl
+
+    if getattr(dl, "_ttft_test_planted", False):
+        return
+    dl._ttft_test_planted = True
+    inner = dl.DefaultModelLoader.get_all_weights
+    factor = float(os.environ["TTFT_TEST_FACTOR"])
+
+    def get_all_weights(*args, **kwargs):
+        time.sleep(factor * _age())
+        return inner(*args, **kwargs)
+    dl.DefaultModelLoader.get_all_weights = get_all_weights
+''',
+    "rank1_device": _COMMON + '''
+
+def register():
+    import multiprocessing
+
+    if multiprocessing.current_process().name != "VllmWorker-1":
+        return
+    from vllm.platforms import current_platform
+
+    if getattr(current_platform, "_ttft_test_planted", False):
+        return
+    current_platform._ttft_test_planted = True
+    current_platform.get_cpu_architecture = _slow(current_platform.get_cpu_architecture,
+                                                  "init_device")
+''',
+    "rank1_kv": _COMMON + '''
+
+def register():
+    import multiprocessing
+
+    if multiprocessing.current_process().name != "VllmWorker-1":
+        return
+    from vllm.v1.worker import cpu_model_runner as cmr
+
+    runner = cmr.CPUModelRunner
+    if getattr(runner, "_ttft_test_planted", False):
+        return
+    runner._ttft_test_planted = True
+    inner = runner.initialize_kv_cache
+    factor = float(os.environ["TTFT_TEST_FACTOR"])
+
+    def initialize_kv_cache(self, *args, **kwargs):
+        time.sleep(factor * _age())
+        return inner(self, *args, **kwargs)
+    runner.initialize_kv_cache = initialize_kv_cache
 ''',
 }
 

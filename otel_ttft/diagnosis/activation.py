@@ -14,6 +14,8 @@ model in its history file; ``analyze`` builds the same from a trace):
                    page-cache share, ``compile_cache_hit``)
   ``facts``        what a concrete change is sized by (``FACT_ATTRIBUTES``)
   ``cold``         once its first requests are done: ``{"requests", "ttft_s", "stages"}``
+  ``ranks``        with several workers: ``{"gate", "skews"}`` (``ranks``): the rank that gated
+                   the start, if one fell behind the others, and each stage's skew
 
 Each activation is one record of the rule (``rule.verdict``), its duration standing for the
 TTFT; the earlier ones are the baseline. Three or more measure the noise as for requests; one or
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otel_ttft import semconv
-from otel_ttft.diagnosis import change, cold_prefix, compile_fix, prefix, rule
+from otel_ttft.diagnosis import change, cold_prefix, compile_fix, prefix, ranks, rule
 from otel_ttft.diagnosis.record import (  # noqa: F401 - the record's shape, named here too
     FACT_ATTRIBUTES,
     Interval,
@@ -118,7 +120,8 @@ def judge(current: dict, earlier: Sequence[dict], *, phase: str = semconv.VERDIC
         "duration_s": round(duration, 6), "baseline_count": len(base), "stage": rule.NONE,
         "substage": None, "increase_s": 0.0, "recommendation": rule.NONE, "fix": "",
         "change": [], "change_summary": "", "verdict": None,
-        "top_stages": _top(current, phase), "evidence": dict(current.get("evidence") or {})}
+        "top_stages": _top(current, phase), "evidence": dict(current.get("evidence") or {}),
+        "rank_gate": rank_gate(current)}
     # measured against the warm requests before this start (the runtime's prefix baseline)
     found = cold_prefix.finding(current) if cold else None
     if not base:
@@ -189,6 +192,13 @@ def _alternatives(candidates: list[dict], first: dict | None, vocab: Vocabulary 
     return out[:n]
 
 
+def rank_gate(record: dict) -> dict | None:
+    """The worker rank that gated this activation (``ranks.gate``), if the record has one."""
+    found = record.get("ranks")
+    gate = found.get("gate") if isinstance(found, dict) else None
+    return gate if ranks.valid_gate(gate) else None
+
+
 def _knobs(candidate: dict) -> list[str]:
     """A candidate's change as vLLM reads it: ``NAME=value`` environment, then flags."""
     return [f"{k}={v}" for k, v in (candidate.get("env") or {}).items()] + list(
@@ -214,6 +224,11 @@ def _cause(j: dict) -> str:
 
 def sentence(j: dict) -> str:
     """The verdict in plain words, for the server's log and ``ttft.verdict.summary``."""
+    gate = j.get("rank_gate")
+    return _sentence(j) + (f"; {ranks.sentence(gate)}" if gate else "")
+
+
+def _sentence(j: dict) -> str:
     s = rule.seconds_text
     kind = j.get("kind") or "start"
     what = f"this {kind}" + (f" of {j['model']}" if j.get("model") else "")

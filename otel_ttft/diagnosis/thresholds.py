@@ -42,3 +42,19 @@ def waited(window_s: float, wait_s: float) -> bool:
     ``STEP_WAIT_MIN_SECONDS`` and more than the share of the window a healthy step loses."""
     return (wait_s >= STEP_WAIT_MIN_SECONDS
             and wait_s >= (1.0 - STEP_WAIT_MAX_CPU_RATIO) * window_s)
+
+
+#: one worker rank gated a start when, in one start-up stage, it took this many times the
+#: fastest rank's time ... (the shipped alert ``OtelTtftRankSkew`` uses the same; a test holds
+#: them equal)
+RANK_SKEW_FACTOR = 2.0
+#: ... and at least this many seconds more (ranks that import or load a second apart are noise)
+RANK_SKEW_MIN_SECONDS = 1.0
+
+
+#: a step's hand-off (EngineCore handed it over -> its worker began it, plus the worker's output
+#: left -> EngineCore had it) is a wait only beyond this many seconds: a worker asleep between
+#: requests is woken through its queue in well under it
+HANDOFF_MIN_SECONDS = 0.05
+#: a wait is named as paged-in memory (major_faults) from this many major faults in its window
+WAIT_MAJOR_FAULTS = 100

@@ -27,7 +27,7 @@ import os
 import signal
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
@@ -35,9 +35,11 @@ from opentelemetry.trace import SpanContext, Status, StatusCode
 
 from otel_ttft import semconv
 from otel_ttft.runtime import clock, config, state_files
-from otel_ttft.runtime.context import process as this_process
 from otel_ttft.runtime.telemetry import bounded_export, spans
 from otel_ttft.runtime.telemetry import metrics as telemetry_metrics
+
+if TYPE_CHECKING:
+    from otel_ttft.runtime.state import ProcessIdentity
 
 logger = logging.getLogger("otel_ttft")
 
@@ -68,13 +70,18 @@ class InflightTracker(SpanProcessor):
     """Keeps this process's open activation spans (SDK spans, by span id). Ahead of every
     exporting processor on our configurator's provider: a span's end reaches it first, and waits
     for a snapshot being sent (``export_snapshot``), so a snapshot is never queued after the span
-    it copies."""
+    it copies. ``identity``: the open instrumentation's process identity (set and taken back by
+    the ``inflight`` part), named in the published chain and a recorded failure."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.sending = threading.Lock()  # held while snapshots are queued
         self._open: dict[int, Any] = {}
         self._publish = True
+        self.identity: ProcessIdentity | None = None
+
+    def kind(self) -> str | None:
+        return self.identity.kind if self.identity is not None else None
 
     # --- SpanProcessor ----------------------------------------------------------------------------
     def on_start(self, span: Any, parent_context: Any = None) -> None:
@@ -100,7 +107,8 @@ class InflightTracker(SpanProcessor):
         if span.status.status_code is StatusCode.ERROR:
             stage = span_stage(span)
             if is_activation_stage(stage):  # the innermost span ends first: it names the stage
-                record_failure(span.context, stage, span.name, str(span.status.description or ""))
+                record_failure(span.context, stage, span.name, str(span.status.description or ""),
+                               self.kind())
         self.publish()
 
     def shutdown(self) -> None:
@@ -135,8 +143,10 @@ class InflightTracker(SpanProcessor):
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
                 return
-            state_files.write_atomic(path, {"process_kind": this_process.kind,
-                                            "model": this_process.served_model, "open": chain})
+            identity = self.identity
+            state_files.write_atomic(path, {
+                "process_kind": self.kind(), "open": chain,
+                "model": identity.served_model if identity is not None else None})
         except OSError:
             self._publish = False  # no writable state dir: stop trying
 
@@ -192,6 +202,7 @@ class InflightWatch:
 
     def __init__(self, process_state: Any) -> None:
         self.config: config.Config = process_state.config
+        self.identity = process_state.identity
         self.tracker = _tracker  # none: our configurator did not build the provider
         self.stop = threading.Event()
         self.snapshots: threading.Thread | None = None
@@ -199,7 +210,8 @@ class InflightWatch:
         self.gauge: telemetry_metrics.GaugeFeed | None = None
         if self.tracker is None:
             return
-        self.gauge = telemetry_metrics.observable_gauge(
+        self.tracker.identity = self.identity
+        self.gauge = telemetry_metrics.observable(
             self.config, semconv.METRIC_ACTIVATION_STAGE_IN_PROGRESS, self.observe, unit="s",
             description="Seconds this process has been in the activation stage it is in now "
                         "(reported only while a start-up, wake-up or adapter load is running)")
@@ -223,6 +235,8 @@ class InflightWatch:
             self.snapshots.join(5)
         if self.gauge is not None:
             telemetry_metrics.stop_feeding(self.gauge, self.observe)
+        if self.tracker.identity is self.identity:
+            self.tracker.identity = None
 
     def end_open_at_exit(self) -> None:
         end_open_spans("process exited before the activation finished", "process_exit")
@@ -238,10 +252,10 @@ class InflightWatch:
         if span is None:
             return []
         attrs = {semconv.ATTR_STAGE: span_stage(span)}
-        if this_process.served_model:
-            attrs[semconv.GEN_AI_REQUEST_MODEL] = this_process.served_model
-        if this_process.kind:
-            attrs[semconv.ATTR_PROCESS_KIND] = this_process.kind
+        if self.identity.served_model:
+            attrs[semconv.GEN_AI_REQUEST_MODEL] = self.identity.served_model
+        if self.identity.kind:
+            attrs[semconv.ATTR_PROCESS_KIND] = self.identity.kind
         return [metrics.Observation((clock.now_ns() - span.start_time) / 1e9, attrs)]
 
     # --- snapshots on a deadline ---
@@ -341,7 +355,7 @@ def end_open_spans(reason: str, ended_by: str) -> int:
     inner = _tracker.innermost()
     stage = span_stage(inner) if inner is not None else None
     if inner is not None:
-        record_failure(inner.get_span_context(), stage, inner.name, reason)
+        record_failure(inner.get_span_context(), stage, inner.name, reason, _tracker.kind())
     for span in reversed(open_spans):
         with contextlib.suppress(Exception):
             span.set_attribute(semconv.ATTR_SPAN_ENDED_BY, ended_by)
@@ -355,9 +369,10 @@ def end_open_spans(reason: str, ended_by: str) -> int:
 
 
 # --- the stage an activation failed in, shared by its processes ---
-def record_failure(context: SpanContext, stage: str | None, span_name: str, reason: str) -> None:
+def record_failure(context: SpanContext, stage: str | None, span_name: str, reason: str,
+                   process_kind: str | None) -> None:
     """First failure of a trace wins: the deepest error is seen first, in whichever process."""
     if stage and context is not None and context.is_valid:
         state_files.record_failure(context.trace_id, {
             "stage": stage, "span": span_name, "pid": os.getpid(),
-            "process_kind": this_process.kind, "reason": reason[:500]})
+            "process_kind": process_kind, "reason": reason[:500]})

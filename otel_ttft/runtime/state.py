@@ -8,6 +8,10 @@ being built, the switch's signal handlers... A hook names the part it is given
 (``Hook.state``); a part belongs to the module that defines its class, and no other module reads
 or writes it. Closing the state closes every part in the reverse order of their making: spans
 ended, descriptors closed, callbacks, gauges, exit handlers and filters taken back.
+
+Beside the parts, the state holds the process's :class:`ProcessIdentity` (which vLLM process this
+is, which model it serves): set by the activation hooks as the process starts, through the part
+they are handed, and given to every part that tags spans or metrics with it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any, Protocol
 
 from opentelemetry import metrics, trace
 
+from otel_ttft import semconv
 from otel_ttft.runtime.config import Config
 from otel_ttft.version import __version__
 
@@ -38,11 +43,27 @@ class PartSpec:
     make: Callable[[ProcessState], Any]
 
 
+@dataclass
+class ProcessIdentity:
+    """Which vLLM process this is: ``kind``, one of ``semconv.PROCESS_KINDS`` once known, and
+    ``served_model``, the name vLLM serves (``--served-model-name``, else the model path). Blank
+    until the activation hooks learn them (their part writes it; everything else reads it)."""
+
+    kind: str | None = None
+    served_model: str | None = None
+
+    def set_kind(self, kind: str) -> None:
+        if kind not in semconv.PROCESS_KINDS:
+            raise ValueError(f"unknown process kind {kind!r}")
+        self.kind = kind
+
+
 class ProcessState:
     """Everything this process's instrumentation holds, in one place."""
 
     def __init__(self, config: Config, specs: list[PartSpec] | tuple[PartSpec, ...] = ()):
         self.config = config
+        self.identity = ProcessIdentity()
         # the providers given to ``instrument()``, else the global ones (proxies until installed)
         self.tracer = trace.get_tracer("otel_ttft", __version__,
                                        tracer_provider=config.tracer_provider)

@@ -129,6 +129,30 @@ SPAN_PREFILL_UNCACHED_PREFIX = "Prefill of uncached prefix"
 ATTR_REQUEST_UNCACHED_PREFIX_TOKENS = "ttft.request.uncached_prefix.tokens"
 #: s, on the request: the prefill of those tokens (prefill.uncached_prefix)
 ATTR_REQUEST_UNCACHED_PREFIX_SECONDS = "ttft.request.uncached_prefix.seconds"
+#: s, on Prefill wait: EngineCore handed the step over -> its worker began it, plus the worker's
+#: output left -> EngineCore had it, beyond what the step's own readings explain (both sides
+#: stamp the host-wide monotonic clock): a worker not runnable at all (stopped, frozen, paged in)
+ATTR_STEP_HANDOFF_SECONDS = "ttft.step.handoff.seconds"
+#: on Prefill wait: the worker's major page faults since its previous step (/proc/self/stat)
+ATTR_STEP_MAJOR_FAULTS = "ttft.step.major_faults"
+#: s, on Prefill wait: the host's steal time since the worker's previous step (/proc/stat: its
+#: vCPUs taken by the hypervisor)
+ATTR_HOST_STEAL_SECONDS = "ttft.host.steal.seconds"
+#: s, on Prefill wait: time the worker's cgroup was throttled by its CPU quota since its previous
+#: step (cgroup cpu.stat)
+ATTR_CGROUP_THROTTLED_SECONDS = "ttft.cgroup.throttled.seconds"
+#: on Prefill wait: what the evidence says it was (WAIT_CAUSES)
+ATTR_WAIT_CAUSE = "ttft.wait.cause"
+WAIT_CAUSE_RUN_QUEUE = "run_queue"  # ttft.wait.cause: runnable, no CPU (another process on it)
+WAIT_CAUSE_STEAL = "steal"  # ttft.wait.cause: the hypervisor took the host's vCPUs
+WAIT_CAUSE_THROTTLED = "cgroup_throttled"  # ttft.wait.cause: the cgroup's CPU quota ran out
+WAIT_CAUSE_MAJOR_FAULTS = "major_faults"  # ttft.wait.cause: memory paged back in (swap, files)
+#: ttft.wait.cause: the worker was not runnable and nothing readable says why (stopped, its
+#: cgroup frozen, blocked in the kernel)
+WAIT_CAUSE_NOT_RUNNABLE = "not_runnable"
+#: the values of ttft.wait.cause
+WAIT_CAUSES = (WAIT_CAUSE_RUN_QUEUE, WAIT_CAUSE_STEAL, WAIT_CAUSE_THROTTLED,
+               WAIT_CAUSE_MAJOR_FAULTS, WAIT_CAUSE_NOT_RUNNABLE)
 #: s, on the request: time its prefill steps waited for a CPU (named as prefill.wait)
 ATTR_REQUEST_WAIT_SECONDS = "ttft.request.wait.seconds"
 ATTR_REQUEST_FIRST_USE_SECONDS = "ttft.request.first_use.seconds"  # s of fills inside this TTFT

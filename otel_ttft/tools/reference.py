@@ -24,11 +24,12 @@ from typing import Any
 
 from otel_ttft import semconv
 from otel_ttft.runtime import environment_variables
-from otel_ttft.semconv import activation, load, replay, request, stages, telemetry
+from otel_ttft.semconv import activation, load, parallel, replay, request, stages, telemetry
 
 #: semconv's submodules in the order the docs show them, with their headings.
 GROUPS: tuple[tuple[ModuleType, str], ...] = (
-    (stages, "Stages"), (activation, "Activation"), (load, "Load"), (request, "Request"),
+    (stages, "Stages"), (activation, "Activation"), (load, "Load"),
+    (parallel, "Parallel workers"), (request, "Request"),
     (replay, "Replay"), (telemetry, "Telemetry health"),
 )
 KINDS = ("span", "attribute", "metric", "event", "value")
@@ -219,7 +220,7 @@ def analysis_models() -> list[type]:
 
     return [contract.Analysis, contract.Run, contract.Request, contract.Evidence,
             contract.Segment, contract.Scenario, contract.Verdict, contract.ChainLink,
-            contract.Verification]
+            contract.Verification, contract.GatedActivation, contract.RankGate]
 
 
 def _schema_type(schema: dict[str, Any]) -> str:

@@ -204,6 +204,7 @@ def choose(device: str | None, serve_args: list[str],
         "runner": runner.class_path if runner else None,
         "runner_importable": bool(runner and _class_of(runner.target) is not None),
         "stages": coverage(runner, hooks) if runner else [],
+        "workers": workers(config),
     }
     # Runner-specific hooks that belong to runners that will not run: they resolve, but cover
     # nothing here.
@@ -212,6 +213,36 @@ def choose(device: str | None, serve_args: list[str],
                                    for name in (*r.stages.values(), r.graph_decision)
                                    if name is not None} - own)
     return result
+
+
+def workers(config: Any) -> dict[str, Any]:
+    """How many workers this configuration starts on this host, from vLLM's own parallel config:
+    ``world_size`` (tensor x pipeline parallel) per engine, ``data_parallel_size_local`` engines
+    here, and the executor that starts them."""
+    parallel = getattr(config, "parallel_config", None)
+
+    def number(name: str, default: int = 1) -> int:
+        value = getattr(parallel, name, None)
+        return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+    per_engine = number("world_size")
+    engines = number("data_parallel_size_local", number("data_parallel_size"))
+    backend = getattr(parallel, "distributed_executor_backend", None)
+    return {"workers": per_engine * engines, "per_engine": per_engine, "engines_here": engines,
+            "tensor_parallel_size": number("tensor_parallel_size"),
+            "pipeline_parallel_size": number("pipeline_parallel_size"),
+            "data_parallel_size": number("data_parallel_size"),
+            "executor": backend if isinstance(backend, str) else
+            getattr(backend, "__name__", None) or "vLLM's default"}
+
+
+def render_workers(w: dict[str, Any]) -> str:
+    """The workers line of doctor's report."""
+    return (f"workers: {w['workers']} on this host ({w['per_engine']} per engine: "
+            f"--tensor-parallel-size {w['tensor_parallel_size']} x --pipeline-parallel-size "
+            f"{w['pipeline_parallel_size']}; {w['engines_here']} engine(s) of "
+            f"--data-parallel-size {w['data_parallel_size']} here; executor {w['executor']}); "
+            "each worker's spans and stage metrics carry its ranks (ttft.parallel.*)")
 
 
 def render(choice: dict[str, Any]) -> list[str]:
@@ -228,6 +259,8 @@ def render(choice: dict[str, Any]) -> list[str]:
              f"  why: {choice['reason']}"]
     if choice["assumption"]:
         lines.append(f"  note: {choice['assumption']}")
+    if choice.get("workers"):
+        lines.append(render_workers(choice["workers"]))
     for row in choice["stages"]:
         lines.append(f"  {row['status']:<7} {row['stage']:<22} "
                      f"{row['hook'] or '-'}: {row['detail']}")

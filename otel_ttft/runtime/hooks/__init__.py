@@ -15,6 +15,7 @@ def all_hooks() -> list[Hook]:
         fault,
         first_use,
         load,
+        ranks,
         request,
         rpc,
         switch,
@@ -23,13 +24,16 @@ def all_hooks() -> list[Hook]:
 
     return [*activation.HOOKS, *load.HOOKS, *warmup.HOOKS, *rpc.HOOKS, *switch.HOOKS,
             *fault.HOOKS, *request.HOOKS,
-            *first_use.HOOKS]
+            *first_use.HOOKS,
+            # last: outermost on WorkerProc.__init__, so the ranks are known before the worker's
+            # first span (its process start) is emitted
+            *ranks.HOOKS]
 
 
 def all_parts() -> list[PartSpec]:
     """Every family's state part, in the order they are made (a part may read the ones made
     before it from the state being built); closed in the reverse order."""
-    from otel_ttft.runtime import clock, inflight
+    from otel_ttft.runtime import clock, inflight, ranks
     from otel_ttft.runtime.hooks import (
         activation,
         activation_verdict,
@@ -46,6 +50,7 @@ def all_parts() -> list[PartSpec]:
     return [
         # --- start-up path: exec -> ready, the eviction at a stop signal, what watches it ---
         PartSpec(clock.PART, clock.HandDown),
+        PartSpec(ranks.PART, ranks.RankState),  # read by every span tagged and stage recorded
         PartSpec(bounded_export.PART, bounded_export.BoundedExit),
         PartSpec(stage_metrics.PART, stage_metrics.StageMetrics),
         PartSpec(inflight.PART, inflight.InflightWatch),

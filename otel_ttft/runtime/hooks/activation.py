@@ -21,10 +21,9 @@ from opentelemetry.trace import SpanContext, Status, StatusCode
 
 from otel_ttft import semconv
 from otel_ttft.runtime import clock, config, handoff, inflight, state_files
-from otel_ttft.runtime.context import process as this_process
 from otel_ttft.runtime.hooks import activation_verdict
 from otel_ttft.runtime.hooks.registry import Hook
-from otel_ttft.runtime.telemetry import pipeline, spans
+from otel_ttft.runtime.telemetry import spans
 
 API_SERVER, ENGINE_CORE, WORKER = semconv.PROCESS_KINDS
 
@@ -45,13 +44,15 @@ class ActivationState:
     ``root``: the API server's "vllm.activation" span, open from exec until the HTTP server
     listens; ``frontend_span``: app build -> HTTP server listening, under it; ``latest``: the
     latest activation (start, wake-up) of this process, read once per request (``cold``);
-    ``process_start_emitted``: the "process start and imports" span is emitted once per process.
+    ``process_start_emitted``: the "process start and imports" span is emitted once per process;
+    ``identity``: the process's (``state.ProcessIdentity``), which these hooks alone set.
     Closing it ends what is still open (an uninstrumented server has no activation to finish).
     """
 
     def __init__(self, process_state: Any) -> None:
         self.config = process_state.config
         self.tracer = process_state.tracer
+        self.identity = process_state.identity
         self.lock = threading.Lock()
         self.root: trace.Span | None = None
         self.frontend_span: trace.Span | None = None
@@ -72,11 +73,12 @@ class ActivationState:
         if start_ns is None:
             return
         self.process_start_emitted = True
-        this_process.kind = kind
+        self.identity.set_kind(kind)
         end = end_ns if end_ns is not None else clock.now_ns()
         spans.emit_span(semconv.SPAN_PROCESS_START, start_ns, end,
                         stage=semconv.STAGE_WARMUP_PROCESS_START, context=parent,
-                        attributes={semconv.PROCESS_PID: _pid()}, tracer=self.tracer)
+                        attributes={semconv.PROCESS_PID: _pid()}, tracer=self.tracer,
+                        identity=self.identity)
 
     def ensure_root(self) -> trace.Span | None:
         """The API process's activation root, opened at first need with its start at exec."""
@@ -87,7 +89,7 @@ class ActivationState:
         with self.lock:
             if self.root is not None:
                 return self.root
-            this_process.kind = API_SERVER
+            self.identity.set_kind(API_SERVER)
             start_ns = clock.process_start_ns() or clock.now_ns()
             root = self.tracer.start_span(semconv.SPAN_ACTIVATION,
                                           context=handoff.env_parent_context(),
@@ -95,8 +97,8 @@ class ActivationState:
             root.set_attributes({semconv.ATTR_ACTIVATION_KIND: "start",
                                  semconv.ATTR_PROCESS_KIND: API_SERVER,
                                  semconv.PROCESS_PID: _pid()})
-            if this_process.served_model:
-                root.set_attribute(semconv.GEN_AI_REQUEST_MODEL, this_process.served_model)
+            if self.identity.served_model:
+                root.set_attribute(semconv.GEN_AI_REQUEST_MODEL, self.identity.served_model)
             self.root = root
             self.latest = Activation("start", root.get_span_context(), start_ns)
         self.emit_process_start(API_SERVER, trace.set_span_in_context(root))
@@ -113,8 +115,8 @@ class ActivationState:
             if error is not None:
                 frontend.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
             frontend.end(end_time=end)
-        if this_process.served_model:
-            root.set_attribute(semconv.GEN_AI_REQUEST_MODEL, this_process.served_model)
+        if self.identity.served_model:
+            root.set_attribute(semconv.GEN_AI_REQUEST_MODEL, self.identity.served_model)
         root.set_attribute(semconv.ATTR_ACTIVATION_READY, error is None)
         if error is not None:
             root.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
@@ -133,15 +135,18 @@ class ActivationState:
                 span.end(end_time=end)
 
 
-UNINSTRUMENTED = "uninstrument"
+    def note_model(self, vllm_config: Any) -> None:
+        """The model this process serves, from vLLM's config (its served name, else its path)."""
+        model_config = getattr(vllm_config, "model_config", None)
+        name = getattr(model_config, "served_model_name", None) \
+            or getattr(model_config, "model", None)
+        if isinstance(name, (list, tuple)):
+            name = name[0] if name else None
+        if name:
+            self.identity.served_model = str(name)
 
-def _note_model(vllm_config: Any) -> None:
-    model_config = getattr(vllm_config, "model_config", None)
-    name = getattr(model_config, "served_model_name", None) or getattr(model_config, "model", None)
-    if isinstance(name, (list, tuple)):
-        name = name[0] if name else None
-    if name:
-        this_process.served_model = str(name)
+
+UNINSTRUMENTED = "uninstrument"
 
 
 def _pid() -> int:
@@ -186,16 +191,16 @@ def _wrap_api_call(act, call, instance, args, kwargs):
 def _wrap_named_api_call(span_name: str, stage: str):
     def wrapper(act, call, instance, args, kwargs):
         if args and hasattr(args[0], "model_config"):
-            _note_model(args[0])
+            act.note_model(args[0])
             act.verdict.note_config(args[0])
         elif "vllm_config" in kwargs:
-            _note_model(kwargs["vllm_config"])
+            act.note_model(kwargs["vllm_config"])
             act.verdict.note_config(kwargs["vllm_config"])
         token = _under_root(act)
         try:
             if token is None and not trace.get_current_span().is_recording():
                 return call(*args, **kwargs)
-            with spans.stage_span(span_name, stage, tracer=act.tracer):
+            with spans.stage_span(span_name, stage, tracer=act.tracer, identity=act.identity):
                 return call(*args, **kwargs)
         finally:
             if token is not None:
@@ -226,7 +231,7 @@ async def _wrap_build_and_serve(act, call, instance, args, kwargs):
     act.frontend_span = frontend = act.tracer.start_span(
         semconv.SPAN_FRONTEND_SETUP, context=trace.set_span_in_context(root),
         start_time=clock.now_ns(), attributes={semconv.ATTR_STAGE: semconv.STAGE_WARMUP_FRONTEND})
-    spans.tag_span(frontend, semconv.STAGE_WARMUP_FRONTEND, None)
+    spans.tag_span(frontend, semconv.STAGE_WARMUP_FRONTEND, None, act.identity)
     token = otel_context.attach(trace.set_span_in_context(frontend))
     try:
         return await call(*args, **kwargs)
@@ -267,10 +272,11 @@ def _wrap_child_init(kind: str):
     """EngineCoreProc / WorkerProc __init__: our outer wrapper runs before vLLM's span opens."""
 
     def wrapper(act, call, instance, args, kwargs):
-        _note_model(kwargs.get("vllm_config") or (args[0] if args else None))
+        act.note_model(kwargs.get("vllm_config") or (args[0] if args else None))
         if not trace.get_current_span().get_span_context().is_valid:
             act.emit_process_start(kind, handoff.env_parent_context())
-        this_process.kind = this_process.kind or kind
+        if act.identity.kind is None:
+            act.identity.set_kind(kind)
         return call(*args, **kwargs)
 
     return wrapper
@@ -285,7 +291,8 @@ def on_plugin_loaded(act: ActivationState | None) -> None:
     kind = {"EngineCoreProc init": ENGINE_CORE, "Worker init": WORKER}.get(name or "")
     if act is None or kind is None or not current.is_recording():
         return
-    pipeline.StageTagger().on_start(current)  # it opened before our tagger was attached
+    # it opened before our stage tagger was attached: its stage and our process kind now
+    spans.tag_span(current, semconv.VLLM_SPAN_STAGES[name], None, act.identity)
     act.emit_process_start(kind, handoff.env_parent_context(),
                            end_ns=getattr(current, "start_time", None))
 
@@ -341,11 +348,11 @@ def _wrap_engine_wake_up(act, call, instance, args, kwargs):
     parent = handoff.taken("wake_up")
     if parent is not None:
         with spans.stage_span(semconv.SPAN_WAKE_UP, semconv.STAGE_LOAD_H2D, attributes=attrs,
-                              context=parent, tracer=act.tracer):
+                              context=parent, tracer=act.tracer, identity=act.identity):
             return call(*args, **kwargs)
-    with _wake_activation(act, this_process.kind or ENGINE_CORE), \
+    with _wake_activation(act, act.identity.kind or ENGINE_CORE), \
             spans.stage_span(semconv.SPAN_WAKE_UP, semconv.STAGE_LOAD_H2D, attributes=attrs,
-                             tracer=act.tracer):
+                             tracer=act.tracer, identity=act.identity):
         return call(*args, **kwargs)
 
 
@@ -361,7 +368,8 @@ def _wrap_engine_sleep(act, call, instance, args, kwargs):
     span = act.tracer.start_span(semconv.SPAN_SLEEP, context=handoff.taken("sleep"),
                                  start_time=clock.now_ns(),
                                  attributes={semconv.ATTR_STAGE: semconv.STAGE_SWITCH_SLEEP})
-    spans.tag_span(span, semconv.STAGE_SWITCH_SLEEP, {semconv.ATTR_SLEEP_LEVEL: int(level)})
+    spans.tag_span(span, semconv.STAGE_SWITCH_SLEEP, {semconv.ATTR_SLEEP_LEVEL: int(level)},
+                   act.identity)
     token = otel_context.attach(trace.set_span_in_context(span))
     try:
         result = call(*args, **kwargs)
@@ -381,7 +389,7 @@ def _wrap_engine_sleep(act, call, instance, args, kwargs):
 def _wrap_worker_wake_up(act, call, instance, args, kwargs):
     with spans.stage_span(semconv.SPAN_WAKE_UP, semconv.STAGE_LOAD_H2D,
                           attributes={semconv.ATTR_WAKE_TAGS: _tags(args, kwargs)},
-                          tracer=act.tracer):
+                          tracer=act.tracer, identity=act.identity):
         return call(*args, **kwargs)
 
 

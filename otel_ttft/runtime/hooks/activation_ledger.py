@@ -20,6 +20,7 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
 from otel_ttft import semconv
+from otel_ttft.diagnosis.ranks import RankedInterval
 from otel_ttft.diagnosis.record import FACT_ATTRIBUTES, Interval
 from otel_ttft.runtime import activation_history, state_files
 
@@ -41,7 +42,7 @@ class _Entry:
     """One activation's stage spans in this process."""
 
     def __init__(self) -> None:
-        self.spans: list[list] = []  # [start_ns, end_ns, stage]
+        self.spans: list[list] = []  # [start_ns, end_ns, stage(, worker rank(, 1: a wait))]
         self.shard_bytes = 0
         self.resident_weighted = 0.0
         self.resident_weight = 0
@@ -126,11 +127,15 @@ class StageLedger(SpanProcessor):
 
 
 def _add(entry: _Entry, start: int, end: int, stage: str, attrs: Any) -> None:
+    rank = attrs.get(semconv.ATTR_PARALLEL_RANK)
+    item = [start, end, stage] if not isinstance(rank, int) else [start, end, stage, rank]
+    if attrs.get(semconv.ATTR_PARALLEL_WAIT) is True and len(item) == 4:
+        item.append(1)  # this rank waiting for the others (``diagnosis.ranks``)
     last = entry.spans[-1] if entry.spans else None
-    if last is not None and last[2] == stage and 0 <= start - last[1] < 1_000_000:
+    if last is not None and last[2:] == item[2:] and 0 <= start - last[1] < 1_000_000:
         last[1] = max(last[1], end)  # consecutive shard reads: one interval
     elif len(entry.spans) < MAX_SPANS:
-        entry.spans.append([start, end, stage])
+        entry.spans.append(item)
     if stage == semconv.STAGE_LOAD_READ:
         size = attrs.get(semconv.ATTR_SHARD_BYTES)
         size = size if isinstance(size, int) and size > 0 else 0
@@ -176,23 +181,28 @@ def install() -> StageLedger | None:
 
 def gather(trace_hex: str) -> dict:
     """Every process's part of one activation: ``intervals`` (``Interval``), ``shard_bytes``,
-    ``resident_ratio``, ``compile_hits``, ``facts``. Files that do not parse are skipped."""
+    ``resident_ratio``, ``compile_hits``, ``facts``, and ``ranked`` (``RankedInterval``: the
+    workers' spans, each with its rank). Files that do not parse are skipped."""
     parts = [ledger.entry(trace_hex) for ledger in list(_ledgers)]
     mine = os.getpid()
     for path in _ledger_files(trace_hex):
         if path.name.endswith(f"-{mine}.json"):
             continue
         parts.append(state_files.read_json(path))
-    out: dict[str, Any] = {"intervals": [], "shard_bytes": 0, "compile_hits": [], "facts": {},
-                           "shard_paths": []}
+    out: dict[str, Any] = {"intervals": [], "ranked": [], "shard_bytes": 0, "compile_hits": [],
+                           "facts": {}, "shard_paths": []}
     weighted = weight = 0.0
     for part in parts:
         if not isinstance(part, dict):
             continue
         for item in part.get("spans") or []:
-            if (isinstance(item, list) and len(item) == 3 and isinstance(item[2], str)
-                    and all(isinstance(x, int) for x in item[:2])):
+            if (isinstance(item, list) and len(item) in (3, 4, 5) and isinstance(item[2], str)
+                    and all(isinstance(x, int) and not isinstance(x, bool)
+                            for x in (*item[:2], *item[3:]))):
                 out["intervals"].append(Interval(item[0], item[1], item[2]))
+                if len(item) > 3:
+                    out["ranked"].append(RankedInterval(item[0], item[1], item[2], item[3],
+                                                        wait=item[4:] == [1]))
         out["shard_bytes"] += _number(part.get("shard_bytes"))
         weighted += _number(part.get("resident_weighted"))
         weight += _number(part.get("resident_weight"))

@@ -38,7 +38,8 @@ from otel_ttft.runtime import (
 )
 from otel_ttft.runtime.hooks import activation_ledger as ledger
 from otel_ttft.runtime.hooks import verdict_report
-from otel_ttft.runtime.hooks.verdict_report import attributes, config_summary  # noqa: F401
+from otel_ttft.runtime.hooks.verdict_report import config_summary  # noqa: F401
+from otel_ttft.runtime.hooks.verdict_words import _report, attributes
 from otel_ttft.runtime.telemetry import bounded_export, metrics, spans
 
 logger = verdict_report.logger
@@ -103,11 +104,14 @@ class LiveVerdict:
     def __init__(self, process_state: Any):
         self._config = process_state.config
         self._tracer = process_state.tracer
+        self._identity = process_state.identity
         self._preload: _Preload | None = None
         self._judged: _Judged | None = None
         self._latest: dict | None = None  # the gauge's observation: value and labels
         self._lock = threading.Lock()
         self._feed: Any = None  # the gauge's feed, once a verdict exists
+        self._skews: list[tuple[float, dict]] = []  # the rank-skew gauge's observations
+        self._skew_feed: Any = None
         self._closed = False
         self.prefix = prefix_memory.PrefixMemory()  # the prefix cache before this start
         self._prefix_activation: Any = None  # the activation ``prefix.before`` stands before
@@ -283,17 +287,42 @@ class LiveVerdict:
             return
         if judged.vocab_note:
             result["vocabulary_note"] = judged.vocab_note
-        now = clock.now_ns()
-        parent = trace.set_span_in_context(trace.NonRecordingSpan(judged.span_context))
-        spans.emit_span(semconv.SPAN_ACTIVATION_VERDICT, now, now, context=parent,
-                        attributes=verdict_report.attributes(result), tracer=self._tracer)
-        self._latest = verdict_report.report(result, judged.trace_hex)
+        # the log line and the gauges first, the span last: whoever sees the span finds them
+        self._latest = _report(result, judged.trace_hex)
+        self._note_skews(judged)
         if self._feed is None:
-            self._feed = metrics.observable_gauge(
+            self._feed = metrics.observable(
                 self._config, semconv.METRIC_ACTIVATION_VERDICT, self._observe, unit="s",
                 description="The blamed stage's increase over the earlier activations of its "
                             "model on this host, in this server's latest verdict (labels: "
                             "stage, fix, outcome)")
+        now = clock.now_ns()
+        parent = trace.set_span_in_context(trace.NonRecordingSpan(judged.span_context))
+        spans.emit_span(semconv.SPAN_ACTIVATION_VERDICT, now, now, context=parent,
+                        attributes=attributes(result), tracer=self._tracer,
+                        identity=self._identity)
+
+    def _note_skews(self, judged: _Judged) -> None:
+        """The rank-skew gauge: each stage's skew among the workers in this activation."""
+        found = (judged.record or {}).get("ranks") or {}
+        skews = found.get("skews") if isinstance(found, dict) else None
+        if not skews:
+            return
+        model = judged.pre.model
+        self._skews = [(float(v["skew_s"]), {
+            semconv.ATTR_STAGE: stage, semconv.ATTR_PARALLEL_RANK: int(v["rank"]),
+            **({semconv.GEN_AI_REQUEST_MODEL: model} if model else {})})
+            for stage, v in skews.items()]
+        if self._skew_feed is None:
+            self._skew_feed = metrics.observable(
+                self._config, semconv.METRIC_ACTIVATION_RANK_SKEW, self._observe_skews,
+                unit="s", description="In this server's latest activation, per start-up stage: "
+                                      "the slowest worker rank's time less the fastest's "
+                                      "(label ttft.parallel.rank: the slowest)")
+
+    def _observe_skews(self, options: CallbackOptions):
+        for value, labels in list(self._skews):
+            yield Observation(value, labels)
 
     def _observe(self, options: CallbackOptions):
         latest = self._latest
@@ -307,6 +336,10 @@ class LiveVerdict:
         if self._feed is not None:
             metrics.stop_feeding(self._feed, self._observe)
             self._feed = None
+        if self._skew_feed is not None:
+            metrics.stop_feeding(self._skew_feed, self._observe_skews)
+            self._skew_feed = None
+        self._skews = []
         self._preload = self._judged = self._latest = None
 
 
@@ -344,8 +377,11 @@ def _vocabulary() -> tuple[Any, str | None, str | None]:
 
 
 def _record(diagnosis: Any, pre: _Preload, trace_hex: str, start_ns: int, end_ns: int) -> dict:
+    from otel_ttft.diagnosis import ranks
+
     part = ledger.gather(trace_hex)
     stages = diagnosis.stage_seconds(part["intervals"], start_ns, end_ns)
+    skews = ranks.skews(part["ranked"])
     ratio = part["resident_ratio"]
     storage = part["shard_bytes"] * (1.0 - ratio) if ratio is not None else part["shard_bytes"]
     hits = part["compile_hits"]
@@ -362,6 +398,7 @@ def _record(diagnosis: Any, pre: _Preload, trace_hex: str, start_ns: int, end_ns
                      "compile_cache_hit": all(hits) if hits else None,
                      "compile_cache_dir": facts.get("compile_cache_dir")},
         "facts": facts, "config": pre.config,
+        "ranks": {"gate": ranks.gate(part["ranked"]), "skews": skews} if skews else None,
     }
 
 

@@ -185,7 +185,7 @@ def wrap_capture_model(warmup: Any, call, instance, args, kwargs):
     with spans.stage_span(semconv.SPAN_GRAPH_CAPTURE, semconv.STAGE_WARMUP_GRAPH_CAPTURE,
                           enrich=semconv.SPAN_GRAPH_CAPTURE,
                           attributes=runners.runner_attributes(instance),
-                          tracer=warmup.tracer) as span:
+                          tracer=warmup.tracer, identity=warmup.identity) as span:
         tally = warmup.graphs = GraphTally(span.get_span_context().span_id)
         try:
             graph_bytes = call(*args, **kwargs)

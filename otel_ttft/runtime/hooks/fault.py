@@ -117,7 +117,8 @@ def report_dead_children(procs: list[Any], kind: str, cfg: config.Config) -> int
         if innermost is not None:
             ctx = trace.SpanContext(int(innermost["trace_id"], 16),
                                     int(innermost["span_id"], 16), is_remote=True)
-            inflight.record_failure(ctx, innermost["stage"], innermost["name"], reason)
+            inflight.record_failure(ctx, innermost["stage"], innermost["name"], reason,
+                                    attrs[semconv.ATTR_PROCESS_KIND])
         if span.is_recording():
             span.add_event(semconv.EVENT_CHILD_DIED, attrs)
             span.set_attributes({k: v for k, v in attrs.items()

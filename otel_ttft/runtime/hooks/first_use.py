@@ -26,7 +26,6 @@ from collections.abc import Callable
 from typing import Any
 
 from otel_ttft import semconv
-from otel_ttft.runtime.context import process as this_process
 from otel_ttft.runtime.hooks.registry import Hook
 
 API_SERVER = semconv.PROCESS_API_SERVER
@@ -36,9 +35,11 @@ IMPORTS = "lazy module imports"
 
 class FirstUse:
     """The ``first_use`` part: the fills seen so far (``fills``: a bounded ring, appended from
-    any thread; appends are atomic, no lock) and each thread's depth of nested module loads."""
+    any thread; appends are atomic, no lock) and each thread's depth of nested module loads;
+    ``identity``: the process's (only the API server records)."""
 
-    def __init__(self, process_state: Any = None) -> None:
+    def __init__(self, process_state: Any) -> None:
+        self.identity = process_state.identity
         self.fills: deque[Fill] = deque(maxlen=256)
         self.nesting = threading.local()
 
@@ -67,7 +68,7 @@ def _filler(label: str) -> Callable[..., Any]:
 def wrap_module_load(part: FirstUse, call: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """A module loaded for the first time: in the API process, the outermost load of a nest is a
     fill (the modules it imports are part of it)."""
-    if this_process.kind != API_SERVER:
+    if part.identity.kind != API_SERVER:
         return call(*args, **kwargs)
     nesting = part.nesting
     depth = getattr(nesting, "depth", 0)

@@ -37,7 +37,7 @@ KV_V1, KV_V2 = "warmup.kv_alloc", "warmup.kv_alloc_v2"
 GRAPHS_V1, GRAPHS_V2, GRAPHS_MM = ("warmup.graph_capture", "warmup.graph_capture_v2",
                                    "warmup.graph_capture_mm_encoder")
 LOAD_V1, LOAD_V2 = "load.runner", "load.runner_v2"
-#: V1 runners ask ``CudagraphDispatcher``, V2 runners ``CudaGraphManager`` (``request.graphs``)
+#: V1 runners ask ``CudagraphDispatcher``, V2 runners ``CudaGraphManager`` (``request.worker``)
 DISPATCH_V1, DISPATCH_V2 = "request.graph_dispatch", "request.graph_dispatch_v2"
 #: V2's graph manager: its ``capture`` is where each shape's mode is seen (``hooks.capture``)
 V2_GRAPHS = "vllm.v1.worker.gpu.cudagraph_utils:CudaGraphManager"
@@ -172,7 +172,8 @@ def _wrap_load_v2(warmup, call, instance, args, kwargs):
     """V2's ``load_model`` has no span of vLLM's: ours, under V1's name for this device."""
     name = _loading_span_name(instance)
     with spans.stage_span(name, semconv.STAGE_LOAD, enrich=name,
-                          attributes=runner_attributes(instance), tracer=warmup.tracer):
+                          attributes=runner_attributes(instance), tracer=warmup.tracer,
+                          identity=warmup.identity):
         return call(*args, **kwargs)
 
 

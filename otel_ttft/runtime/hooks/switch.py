@@ -37,7 +37,6 @@ from opentelemetry import trace
 
 from otel_ttft import semconv
 from otel_ttft.runtime import clock, config, handoff
-from otel_ttft.runtime.context import process as this_process
 from otel_ttft.runtime.hooks.registry import Hook
 from otel_ttft.runtime.telemetry import spans
 from otel_ttft.semconv import PROCESS_API_SERVER as API_SERVER
@@ -142,6 +141,7 @@ class SwitchState:
     def __init__(self, process_state: Any) -> None:
         self.config: config.Config = process_state.config
         self.tracer: trace.Tracer = process_state.tracer
+        self.identity = process_state.identity
         self.lock = threading.Lock()
         self.previous: dict[int, Any] = {}
         self.eviction: _Eviction | None = None
@@ -159,11 +159,11 @@ class SwitchState:
             spans.tag_span(span, semconv.STAGE_SWITCH, {
                 semconv.ATTR_SWITCH_REASON: semconv.SWITCH_REASON_SIGNAL,
                 semconv.ATTR_SWITCH_SIGNAL: signame,
-                semconv.GEN_AI_REQUEST_MODEL: this_process.served_model,
+                semconv.GEN_AI_REQUEST_MODEL: self.identity.served_model,
                 semconv.ATTR_SWITCH_PROCESSES: len(procs),
                 semconv.ATTR_SWITCH_RELEASED_BYTES: _resident_bytes(procs),
                 semconv.PROCESS_PID: os.getpid(),
-            })
+            }, self.identity)
             self.eviction = eviction = _Eviction(span, procs, self.config)
         threading.Thread(target=eviction.wait_and_end, name="otel-ttft-switch",
                          daemon=True).start()
@@ -239,9 +239,10 @@ async def _wrap_api_sleep(switch, call, instance, args, kwargs):
     level = args[0] if args else kwargs.get("level", 1)
     attrs = {semconv.ATTR_SWITCH_REASON: semconv.SWITCH_REASON_SLEEP,
              semconv.ATTR_SLEEP_LEVEL: int(level),
-             semconv.GEN_AI_REQUEST_MODEL: this_process.served_model}
+             semconv.GEN_AI_REQUEST_MODEL: switch.identity.served_model}
     with spans.stage_span(semconv.SPAN_SWITCH, semconv.STAGE_SWITCH, attributes=attrs,
-                          context=otel_context.Context(), tracer=switch.tracer), \
+                          context=otel_context.Context(), tracer=switch.tracer,
+                          identity=switch.identity), \
             handoff.offered("sleep"):
         return await call(*args, **kwargs)
 

@@ -23,7 +23,8 @@ from otel_ttft.semconv import PROCESS_WORKER as WORKER
 def _wrap_device_init(warmup, call, instance, args, kwargs):
     attrs = {semconv.ATTR_DEVICE_TYPE: "cpu", semconv.ATTR_DEVICE_NAME: _cpu_model()}
     with spans.stage_span(semconv.SPAN_DEVICE_INIT, semconv.STAGE_WARMUP_DEVICE_INIT,
-                          enrich="Init device", attributes=attrs, tracer=warmup.tracer):
+                          enrich="Init device", attributes=attrs, tracer=warmup.tracer,
+                          identity=warmup.identity):
         return call(*args, **kwargs)
 
 
@@ -44,7 +45,8 @@ def _wrap_profile_run(warmup, call, instance, args, kwargs):
     attrs = {**_memory_attributes(),
              **runners.runner_attributes(getattr(instance, "model_runner", None))}
     with spans.stage_span(semconv.SPAN_PROFILE_RUN, semconv.STAGE_WARMUP_PROFILE,
-                          attributes=attrs, tracer=warmup.tracer) as span:
+                          attributes=attrs, tracer=warmup.tracer,
+                          identity=warmup.identity) as span:
         available = call(*args, **kwargs)
         if isinstance(available, int):
             span.set_attribute(semconv.ATTR_PROFILE_AVAILABLE_KV_BYTES, available)
@@ -106,7 +108,8 @@ def _traced_compile(warmup, inner_cm, vllm_config: Any, aot_probe: bool):
             before = counter.clone()
             span = ours.enter_context(spans.stage_span(
                 semconv.SPAN_TORCH_COMPILE, semconv.STAGE_WARMUP_COMPILE,
-                attributes=_compile_attributes(vllm_config), tracer=warmup.tracer))
+                attributes=_compile_attributes(vllm_config), tracer=warmup.tracer,
+                identity=warmup.identity))
         except Exception as exc:  # noqa: BLE001 - ours must not fail the compile
             report_failure(COMPILE, exc)
         try:
@@ -138,6 +141,7 @@ class Warmup:
 
     def __init__(self, process_state: Any) -> None:
         self.tracer = process_state.tracer
+        self.identity = process_state.identity
         self.probed_tags: set[str] = set()
         #: the open "Capture model" span's captures, per mode (``hooks.capture``)
         self.graphs: capture.GraphTally | None = None
@@ -197,7 +201,7 @@ def _wrap_initialize_kv_cache(warmup, call, instance, args, kwargs):
                           enrich="Allocate KV cache",
                           attributes={**_kv_cache_attributes(kv_cache_config),
                                       **runners.runner_attributes(instance)},
-                          tracer=warmup.tracer):
+                          tracer=warmup.tracer, identity=warmup.identity):
         return call(*args, **kwargs)
 
 

@@ -1,19 +1,10 @@
-"""Telemetry never slows vLLM down, whatever the collector does: the export pipeline our
-configurator built (``runtime.configurator``), what it could not send, and an exit with a
-deadline.
-
-The SDK's own exit flushes with each exporter's timeout and retries (10 s and more per process
-with the collector down: seconds added to every restart-style model switch). Our configurator
-builds its providers with ``shutdown_on_exit=False`` and registers :func:`bounded_exit` instead:
-both providers shut down in parallel threads, and whatever has not gone by
-``OTEL_TTFT_EXIT_TIMEOUT_MS`` is counted (``ttft.telemetry.dropped`` by signal and reason), logged
-once, and abandoned. Spans are counted where they enter the pipeline (:class:`SpanCounter`, a
-processor ahead of the batch processors) and where they leave it (:class:`CountingSpanExporter`);
-the difference at exit is what was lost. Everything here is the SDK's public interface
-(``SpanProcessor``, ``SpanExporter``, ``MetricExporter``, ``shutdown``).
-
-A provider we did not build (vLLM's ``--otlp-traces-endpoint``, one passed to ``instrument()``)
-keeps the SDK's own exit; ``docs/failures.md`` says what that costs.
+"""Telemetry never slows vLLM down, whatever the collector does. The SDK's own exit flushes with
+each exporter's timeout and retries (10 s and more per process with the collector down, added to
+every restart-style model switch); our configurator's providers skip it, and :func:`bounded_exit`
+shuts both down in parallel until ``OTEL_TTFT_EXIT_TIMEOUT_MS``. What did not go is counted
+(``ttft.telemetry.dropped``: spans in, :class:`SpanCounter`, less spans out,
+:class:`CountingSpanExporter`), logged once, and abandoned. A provider we did not build keeps the
+SDK's own exit (``docs/failures.md``).
 """
 
 from __future__ import annotations
@@ -28,13 +19,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry.metrics import get_meter
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_ttft import semconv
 from otel_ttft.runtime import config
-from otel_ttft.runtime.telemetry import metrics
+from otel_ttft.version import __version__
 
 logger = logging.getLogger("otel_ttft")
 
@@ -51,7 +43,8 @@ class Drops:
 
     def make_counter(self, meter_provider: Any) -> None:
         if self.counter is None and meter_provider is not None:
-            self.counter = metrics.meter(provider=meter_provider).create_counter(
+            self.counter = get_meter("otel_ttft", __version__, meter_provider=meter_provider) \
+                .create_counter(
                 semconv.METRIC_TELEMETRY_DROPPED, unit="{item}",
                 description="Spans and metric points this process could not send (collector "
                             "down, slow, or the exit deadline passed)")
@@ -100,7 +93,6 @@ class CountingSpanExporter(SpanExporter):
         self.inner = inner
         self.restamp = restamp
         self.seen = 0  # spans handed to it (sent or failed)
-        self.failed = 0
         self.closed = False  # past the exit deadline: counted there, fail fast
         self.drops = Drops()  # the pipeline's, once adopted
 
@@ -109,18 +101,12 @@ class CountingSpanExporter(SpanExporter):
             return SpanExportResult.FAILURE
         if self.restamp is not None:
             spans = [self.restamp(s) for s in spans]
-        try:
-            result = self.inner.export(spans)
-        except Exception as exc:  # noqa: BLE001 - the SDK would log and drop it too
-            result, detail = SpanExportResult.FAILURE, repr(exc)
-        else:
-            detail = _endpoint(self.inner)
-        if self.closed:  # the deadline passed during this send: counted there
-            return result
-        self.seen += len(spans)
-        if result is not SpanExportResult.SUCCESS:
-            self.failed += len(spans)
-            self.drops.count("spans", semconv.DROP_EXPORT_FAILED, len(spans), detail)
+        result, detail = _attempt(lambda: self.inner.export(spans), SpanExportResult.FAILURE,
+                                  self.inner)
+        if not self.closed:  # else the deadline passed during this send: counted there
+            self.seen += len(spans)
+            if result is not SpanExportResult.SUCCESS:
+                self.drops.count("spans", semconv.DROP_EXPORT_FAILED, len(spans), detail)
         return result
 
     def shutdown(self) -> None:
@@ -149,14 +135,10 @@ class CountingMetricExporter(MetricExporter):
         if self.closed:
             return MetricExportResult.FAILURE
         self.in_flight = n
-        try:
-            result = self.inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
-        except Exception as exc:  # noqa: BLE001
-            result, detail = MetricExportResult.FAILURE, repr(exc)
-        else:
-            detail = _endpoint(self.inner)
-        finally:
-            self.in_flight = 0
+        result, detail = _attempt(
+            lambda: self.inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs),
+            MetricExportResult.FAILURE, self.inner)
+        self.in_flight = 0
         if result is not MetricExportResult.SUCCESS and not self.closed:
             self.drops.count("metrics", semconv.DROP_EXPORT_FAILED, n, detail)
         return result
@@ -174,9 +156,15 @@ def _points(data: Any) -> int:
                for m in sm.metrics)
 
 
-def _endpoint(exporter: Any) -> str:
+def _attempt(export: Callable[[], Any], failure: Any, exporter: Any) -> tuple[Any, str]:
+    """``export()``'s result (``failure`` if it raised), and what the first-loss log line
+    says of it: the exception, else the exporter's endpoint where it has one."""
+    try:
+        result = export()
+    except Exception as exc:  # noqa: BLE001 - the SDK would log and drop it too
+        return failure, repr(exc)
     endpoint = getattr(exporter, "endpoint", None)  # not every exporter says
-    return f"endpoint {endpoint}" if isinstance(endpoint, str) else ""
+    return result, f"endpoint {endpoint}" if isinstance(endpoint, str) else ""
 
 
 # --- the pipeline our configurator built ---
@@ -279,7 +267,11 @@ def bounded_exit(timeout_s: float | None = None) -> None:
         exporter.closed = True
         if "metrics" in late:
             p.drops.count("metrics", semconv.DROP_EXIT_DEADLINE, exporter.in_flight)
-    _log_summary(p.drops.snapshot(), time.monotonic() - start)
+    counts = p.drops.snapshot()
+    if counts:
+        logger.warning("otel-ttft: pid %d exits after %.0f ms of final flush; not delivered: %s",
+                       os.getpid(), (time.monotonic() - start) * 1000, ", ".join(
+                           f"{n} {sig} ({reason})" for (sig, reason), n in sorted(counts.items())))
 
 
 class _OncePerMessage(logging.Filter):
@@ -331,10 +323,3 @@ def _quietly(fn: Callable[[], Any]) -> None:
     with contextlib.suppress(Exception):
         fn()
 
-
-def _log_summary(counts: dict[tuple[str, str], int], elapsed_s: float) -> None:
-    if not counts:
-        return
-    parts = ", ".join(f"{n} {sig} ({reason})" for (sig, reason), n in sorted(counts.items()))
-    logger.warning("otel-ttft: pid %d exits after %.0f ms of final flush; not delivered: %s",
-                   os.getpid(), elapsed_s * 1000, parts)

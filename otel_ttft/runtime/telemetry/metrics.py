@@ -1,12 +1,6 @@
-"""OTel instruments, with explicit buckets far above 10 s (a cold start of a large model takes
-minutes; SDK defaults stop at 10 s).
-
-Activations are rare (one an hour or a day), so besides the histogram each stage's duration in the
-process's latest activation is a gauge read at export time: an alert compares that value with the
-model's history (``collector-config/rules``) instead of a rate over windows with no samples.
-
-The instruments and what the gauges read are a part of the process's state (``StageMetrics``),
-made on the meter provider given to ``instrument()`` (else the global one).
+"""The activation stage instruments (buckets far above the SDK's 10 s: a cold start takes
+minutes), and each stage's duration in the process's latest activation as a gauge read at export
+time, which an alert compares with the model's history (activations are too rare for a rate).
 """
 
 from __future__ import annotations
@@ -18,21 +12,15 @@ from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from otel_ttft import semconv
-from otel_ttft.runtime import config
-from otel_ttft.runtime.context import process as this_process
+from otel_ttft.runtime import config, ranks
 from otel_ttft.version import __version__
 
 
-def meter(name: str = "otel_ttft", provider: Any = None) -> Any:
-    """A meter of ours on ``provider`` (None: the global one)."""
-    return metrics.get_meter(name, __version__, meter_provider=provider)
-
-
-# --- observable gauges: one callback per provider, fed by the part open now ---------------------
+# --- observable instruments: one callback per provider, fed by the part open now ----------------
 class GaugeFeed:
-    """The one callback of one observable gauge on one meter provider. The OTel API cannot
+    """The one callback of one observable instrument on one meter provider. The OTel API cannot
     unregister a callback, and the SDK keeps the first instrument of a name (a second one's
-    callbacks are ignored): so each gauge is registered once per provider and reads whichever
+    callbacks are ignored): so each is registered once per provider and reads whichever
     part feeds it now (``source``); with none (uninstrumented), it yields nothing."""
 
     def __init__(self) -> None:
@@ -44,21 +32,23 @@ class GaugeFeed:
 
 
 _feeds: dict[tuple[int, str], tuple[Any, GaugeFeed]] = {}
-"""(id of a meter provider, gauge name) -> (that provider, its feed): what was registered on
+"""(id of a meter provider, instrument name) -> (that provider, its feed): what was registered on
 providers, which outlive an instrumentation (a registration cannot be taken back)."""
 
 
-def observable_gauge(cfg: config.Config, name: str, source: Callable[..., Any], *,
-                     meter_name: str = "otel_ttft", **kwargs: Any) -> GaugeFeed:
-    """The gauge ``name`` on ``cfg``'s meter provider, fed by ``source`` from now on (registered
-    on first use of that provider; the part sets ``feed.source = None`` when it closes)."""
+def observable(cfg: config.Config, name: str, source: Callable[..., Any], *,
+               counter: bool = False, **kwargs: Any) -> GaugeFeed:
+    """The observable gauge (``counter``: counter) ``name`` on ``cfg``'s meter provider, fed by
+    ``source`` from now on (registered on first use of that provider; the part stops feeding it
+    when it closes)."""
     provider = config.meter_provider(cfg)
     key = (id(provider), name)
     found = _feeds.get(key)
     if found is None or found[0] is not provider:
         feed = GaugeFeed()
-        metrics.get_meter(meter_name, __version__, meter_provider=provider) \
-            .create_observable_gauge(name, callbacks=[feed], **kwargs)
+        meter = metrics.get_meter("otel_ttft", __version__, meter_provider=provider)
+        create = meter.create_observable_counter if counter else meter.create_observable_gauge
+        create(name, callbacks=[feed], **kwargs)
         _feeds[key] = found = (provider, feed)
     found[1].source = source
     return found[1]
@@ -74,11 +64,14 @@ class StageMetrics:
     """The ``stage_metrics`` part: the activation stage instruments, and what the
     latest-activation gauges read: ``last`` ((stage, model) -> [trace id of the activation,
     longest span of that stage in it, seconds]) and ``compiles`` (model -> [trace id, compile
-    spans, cache hits]). Fed by the stage tagger as staged spans end, and by the shard reads."""
+    spans, cache hits]). Fed by the stage tagger as staged spans end, and by the shard reads.
+    ``identity``: the process's, whose served model labels a stage that ended before it was
+    known, and whose kind the stage tagger puts on vLLM's spans."""
 
     def __init__(self, process_state: Any) -> None:
         global _open_state
         self.config: config.Config = process_state.config
+        self.identity = process_state.identity
         ours = process_state.meter
         self.activation = ours.create_histogram(
             semconv.METRIC_ACTIVATION_STAGE_DURATION, unit="s",
@@ -93,11 +86,11 @@ class StageMetrics:
             explicit_bucket_boundaries_advisory=list(semconv.THROUGHPUT_BUCKETS_GB_PER_S))
         self.last: dict[tuple[str, str | None], list] = {}
         self.compiles: dict[str | None, list] = {}
-        self.last_feed = observable_gauge(
+        self.last_feed = observable(
             self.config, semconv.METRIC_ACTIVATION_STAGE_LAST_DURATION, self.observe_last,
             unit="s", description="Duration of each stage in this process's latest activation "
                                   "(its longest span of that stage)")
-        self.compile_feed = observable_gauge(
+        self.compile_feed = observable(
             self.config, semconv.METRIC_ACTIVATION_COMPILE_CACHE_HIT_RATIO, self.observe_compile,
             unit="1", description="Fraction of torch.compile spans in this process's latest "
                                   "activation that loaded their artifacts from the cache")
@@ -136,15 +129,17 @@ class StageMetrics:
             self.read_throughput.record(gb_per_s, attrs)
 
     def observe_last(self, options: CallbackOptions) -> list[Observation]:
+        # a stage that ended before the model was known (its process start) belongs to the
+        # model served, read now: the series of one activation all carry the model label
         merged: dict[tuple[str, str | None], float] = {}
         for (stage, model), (_trace, seconds) in list(self.last.items()):
-            key = (stage, _model(model))
+            key = (stage, model or self.identity.served_model)
             merged[key] = max(seconds, merged.get(key, 0.0))
         return [Observation(seconds, _attrs(stage, model))
                 for (stage, model), seconds in merged.items()]
 
     def observe_compile(self, options: CallbackOptions) -> list[Observation]:
-        return [Observation(hits / total, _attrs(None, _model(model)))
+        return [Observation(hits / total, _attrs(None, model or self.identity.served_model))
                 for model, (_trace, total, hits) in list(self.compiles.items()) if total]
 
 
@@ -153,18 +148,11 @@ PART = "stage_metrics"
 _open_state: StageMetrics | None = None
 """The open part, for the one caller no part can be handed to: the stage tagger, a span
 processor of our configurator's provider, which outlives any one instrumentation (and records
-into nothing while none is open)."""
+into nothing, and tags no process kind, while none is open)."""
 
 
-def _model(model: str | None) -> str | None:
-    """A stage that ended before this process knew its model (its process start, say) belongs to
-    the model it serves: read at export time, when it is known, so the series of one activation
-    all carry the model label."""
-    return model or this_process.served_model
-
-
-def _attrs(stage: str | None, model: str | None) -> dict[str, str]:
-    out = {}
+def _attrs(stage: str | None, model: str | None) -> dict[str, str | int]:
+    out: dict[str, str | int] = dict(ranks.metric_labels())  # a worker's: which rank it is
     if stage:
         out[semconv.ATTR_STAGE] = stage
     if model:
@@ -172,9 +160,6 @@ def _attrs(stage: str | None, model: str | None) -> dict[str, str]:
     return out
 
 
-def record_activation_stage(stage: str, seconds: float, model: str | None,
-                            trace_id: int | None = None, cache_hit: bool | None = None) -> None:
-    """``StageMetrics.record_activation_stage`` of the open part, if any (the stage tagger)."""
-    part = _open_state
-    if part is not None:
-        part.record_activation_stage(stage, seconds, model, trace_id, cache_hit)
+def open_part() -> StageMetrics | None:
+    """The open part, if any (for the stage tagger)."""
+    return _open_state

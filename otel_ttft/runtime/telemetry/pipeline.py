@@ -1,7 +1,6 @@
 """The stage tagger: the span processor our configurator puts first on the tracer provider it
-builds (with the in-flight tracker, ``runtime.inflight``). It builds on vLLM's own start-up spans
-and feeds the stage metrics. A provider we did not build gets neither: instrumenting never
-changes a provider's processors, so uninstrumenting leaves it as it was."""
+builds (with ``runtime.inflight``'s tracker). A provider we did not build gets neither, so
+uninstrumenting leaves it as it was."""
 
 from __future__ import annotations
 
@@ -11,22 +10,18 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.trace import Span
 
 from otel_ttft import semconv
-from otel_ttft.runtime import clock
-from otel_ttft.runtime.context import process as this_process
+from otel_ttft.runtime import clock, ranks
 from otel_ttft.runtime.telemetry import metrics
 
 _ACTIVATION_FAMILIES = (semconv.STAGE_LOAD, semconv.STAGE_WARMUP, semconv.STAGE_SWITCH)
 
 
 class StageTagger(SpanProcessor):
-    """Tags vLLM's own start-up spans with ``ttft.stage`` as they open and feeds the stage
-    metrics as any staged span ends: one dict lookup per span start, and how we build on vLLM's
-    spans instead of duplicating them.
-
-    vLLM stamps its spans with the wall clock, ours with the monotonic one: after a wall-clock
-    step the two differ by seconds. The step is noted as each time is taken (``clock``), and our
-    exporter wrapper moves the span onto our clock on its way out (``restamp``), so our spans
-    nest in vLLM's whatever the wall clock did."""
+    """Tags vLLM's own start-up spans with ``ttft.stage`` as they open (one dict lookup per span
+    start: we build on vLLM's spans instead of duplicating them) and feeds the stage metrics as
+    any staged span ends. vLLM stamps its spans with the wall clock, ours with the monotonic
+    one: a wall-clock step is noted as each time is taken, and our exporter wrapper moves the
+    span onto our clock on its way out (``restamp``)."""
 
     def __init__(self) -> None:
         self.shifts: dict[int, list[int]] = {}  # span id -> [start shift, end shift], in ns
@@ -45,8 +40,12 @@ class StageTagger(SpanProcessor):
         if stage is not None and span.is_recording():
             self._shift(span, 0, getattr(span, "start_time", None))
             span.set_attribute(semconv.ATTR_STAGE, stage)
-            if this_process.kind:
-                span.set_attribute(semconv.ATTR_PROCESS_KIND, this_process.kind)
+            part = metrics.open_part()  # the instrumentation's, with the process identity
+            if part is not None and part.identity.kind:
+                span.set_attribute(semconv.ATTR_PROCESS_KIND, part.identity.kind)
+            worker_ranks = ranks.span_attributes()
+            if worker_ranks:
+                span.set_attributes(worker_ranks)
 
     def restamp(self, span: ReadableSpan) -> ReadableSpan:
         """``span`` on our clock, if it is a vLLM span whose times the wall clock moved."""
@@ -67,10 +66,11 @@ class StageTagger(SpanProcessor):
         stage = attrs.get(semconv.ATTR_STAGE)
         if stage is None or span.end_time is None or span.start_time is None:
             return
-        if semconv.stage_family(str(stage)) in _ACTIVATION_FAMILIES:
-            metrics.record_activation_stage(str(stage), (span.end_time - span.start_time) / 1e9,
-                                            this_process.served_model, span.context.trace_id,
-                                            attrs.get(semconv.ATTR_COMPILE_CACHE_HIT))
+        part = metrics.open_part()
+        if part is not None and semconv.stage_family(str(stage)) in _ACTIVATION_FAMILIES:
+            part.record_activation_stage(str(stage), (span.end_time - span.start_time) / 1e9,
+                                         part.identity.served_model, span.context.trace_id,
+                                         attrs.get(semconv.ATTR_COMPILE_CACHE_HIT))
 
 
 def _made_by_vllm(span: Any) -> bool:

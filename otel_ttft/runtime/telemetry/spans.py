@@ -1,24 +1,22 @@
-"""Span plumbing shared by every hook: the tracer, stage tagging of vLLM's own spans, and
-"enrich vLLM's span if it is open, else open ours" so that one stage is one span.
-
-Never sets a provider: it uses whatever ``opentelemetry-instrument`` or vLLM installed, and stays
-a no-op until one exists.
-"""
+"""Span plumbing shared by the start-up hooks: stage tagging, and "enrich vLLM's span if it is
+open, else open ours" so that one stage is one span. Never sets a provider."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from otel_ttft import semconv
-from otel_ttft.runtime import clock, config
-from otel_ttft.runtime.context import process as this_process
+from otel_ttft.runtime import clock, config, ranks
+
+if TYPE_CHECKING:
+    from otel_ttft.runtime.state import ProcessIdentity
 
 logger = logging.getLogger("otel_ttft")
 
@@ -52,11 +50,16 @@ def stop_listening_for_stages(listener: Callable[[Span], None]) -> None:
         _stage_listeners.remove(listener)
 
 
-def tag_span(span: Span, stage: str | None, attributes: Mapping[str, Any] | None) -> None:
+def tag_span(span: Span, stage: str | None, attributes: Mapping[str, Any] | None,
+             identity: ProcessIdentity) -> None:
+    """Our attributes on ``span``: its stage, which process this is (``identity``), the rest."""
     if stage is not None:
         span.set_attribute(semconv.ATTR_STAGE, stage)
-    if this_process.kind:
-        span.set_attribute(semconv.ATTR_PROCESS_KIND, this_process.kind)
+    if identity.kind:
+        span.set_attribute(semconv.ATTR_PROCESS_KIND, identity.kind)
+    worker_ranks = ranks.span_attributes()  # which worker of its engine ({} elsewhere)
+    if worker_ranks:
+        span.set_attributes(worker_ranks)
     if attributes:
         span.set_attributes({k: v for k, v in attributes.items() if v is not None})
     if stage is not None and _stage_listeners and span.is_recording():
@@ -68,21 +71,18 @@ def tag_span(span: Span, stage: str | None, attributes: Mapping[str, Any] | None
 def stage_span(name: str, stage: str | None, *, enrich: str | None = None,
                attributes: Mapping[str, Any] | None = None,
                context: otel_context.Context | None = None,
-               tracer: trace.Tracer) -> Iterator[Span]:
-    """Yield the span that measures this stage.
-
-    If vLLM already has its span ``enrich`` open around us, that span is the stage: we add our
-    attributes to it. Otherwise we open ours, on the one clock, as the current span.
-    """
+               tracer: trace.Tracer, identity: ProcessIdentity) -> Iterator[Span]:
+    """The span that measures this stage: vLLM's span ``enrich`` if it is open around us (our
+    attributes added), else ours, on the one clock, as the current span."""
     current = trace.get_current_span()
     if enrich is not None and current.is_recording() and getattr(current, "name", None) == enrich:
-        tag_span(current, stage, attributes)
+        tag_span(current, stage, attributes, identity)
         yield current
         return
     # The stage goes in at start: span processors (the in-flight tracker) see it on_start.
     span = tracer.start_span(name, context=context, start_time=clock.now_ns(),
                               attributes={semconv.ATTR_STAGE: stage} if stage else None)
-    tag_span(span, stage, attributes)
+    tag_span(span, stage, attributes, identity)
     token = otel_context.attach(trace.set_span_in_context(span))
     try:
         yield span
@@ -99,9 +99,9 @@ def emit_span(name: str, start_ns: int, end_ns: int, *, stage: str | None = None
               context: otel_context.Context | None = None,
               attributes: Mapping[str, Any] | None = None,
               kind: SpanKind = SpanKind.INTERNAL,
-              tracer: trace.Tracer) -> Span:
+              tracer: trace.Tracer, identity: ProcessIdentity) -> Span:
     """A finished span from timestamps already taken (one clock, epoch ns)."""
     span = tracer.start_span(name, context=context, start_time=start_ns, kind=kind)
-    tag_span(span, stage, attributes)
+    tag_span(span, stage, attributes, identity)
     span.end(end_time=max(end_ns, start_ns))
     return span

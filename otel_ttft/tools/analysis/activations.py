@@ -5,6 +5,7 @@ rule, ``otel_ttft.diagnosis.activation``."""
 from __future__ import annotations
 
 from otel_ttft.diagnosis import activation as diagnosis
+from otel_ttft.diagnosis import ranks
 from otel_ttft.tools.analysis.breakdown import ActivationSummary
 
 
@@ -25,7 +26,18 @@ def record(summary: ActivationSummary, key: str, at: float | None = None) -> dic
                      "compile_cache_hit": summary.compile_cache_hit,
                      "compile_cache_dir": summary.facts.get("compile_cache_dir")},
         "facts": dict(summary.facts),
+        "ranks": ({"gate": summary.rank_gate, "skews": summary.rank_skews}
+                  if summary.rank_skews else None),
     }
+
+
+def gated(activations: list[ActivationSummary]) -> list[dict]:
+    """The activations one worker rank gated (``diagnosis.ranks``), for ``analyze``'s document:
+    trace id, model, duration and the gate, oldest first."""
+    return [{"trace_id": a.trace_id, "model": a.model, "kind": a.kind,
+             "duration_s": round((a.end_ns - a.start_ns) / 1e9, 6), "rank_gate": a.rank_gate,
+             "summary": ranks.sentence(a.rank_gate)}
+            for a in sorted(activations, key=lambda a: a.start_ns) if a.rank_gate]
 
 
 def judge(summary: ActivationSummary, earlier: list[dict], key: str, **kwargs) -> dict:

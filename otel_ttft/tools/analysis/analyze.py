@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from otel_ttft import semconv
 from otel_ttft.diagnosis import prefix
 from otel_ttft.runtime import environment_variables as env
-from otel_ttft.tools.analysis import breakdown, change, verdict
+from otel_ttft.tools.analysis import activations, breakdown, change, verdict
 from otel_ttft.tools.analysis.breakdown import PIPELINE, Collected, RequestSummary
 
 SCHEMA = "otel-ttft/analysis/v1"
@@ -108,7 +108,9 @@ def analyze(collected: Collected, *, baseline: str | None = None, run_id: str | 
            "errors": errors, "ignored_requests": ignored, "scenarios": scenarios,
            "baseline": baseline or (semconv.SCENARIO_SHORT_PROMPT
                                     if semconv.SCENARIO_SHORT_PROMPT in scenarios else None),
-           "verdicts": verdicts}
+           "verdicts": verdicts,
+           # starts along their slowest worker rank: the ones a rank gated
+           "gated_activations": activations.gated(collected.activations)}
     if changes:
         change.attach(doc, collected.activations)  # each verdict's concrete change
     return doc

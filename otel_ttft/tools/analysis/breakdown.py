@@ -22,6 +22,7 @@ from typing import Any
 
 from otel_ttft import semconv
 from otel_ttft.diagnosis import activation as activation_facts
+from otel_ttft.diagnosis import ranks
 from otel_ttft.tools.analysis.traces import SpanNode, build_trees, staged_segments
 
 _NS = 1e9
@@ -68,6 +69,9 @@ class ActivationSummary:
     resident_ratio: float | None = None
     compile_cache_hit: bool | None = None
     facts: dict[str, Any] = field(default_factory=dict)  # FACT_ATTRIBUTES: what `change` sizes
+    #: with several workers: each stage's skew among their ranks, and the rank that gated it
+    rank_skews: dict[str, dict] = field(default_factory=dict)
+    rank_gate: dict | None = None
 
 
 # Activation attributes a concrete change is computed from (change.py), shared with the live
@@ -246,12 +250,19 @@ def _activation(root: SpanNode) -> ActivationSummary:
     shard_bytes, weighted, weight, hits = 0, 0.0, 0, []
     load_bytes = 0
     facts: dict[str, Any] = {}
+    ranked: list[ranks.RankedInterval] = []
     stack = [root]  # root.walk()'s order (the float sums stay bit for bit), no generator
     while stack:
         node = stack.pop()
         if node.children:
             stack.extend(reversed(node.children))
         attrs = node.attributes
+        rank = _int(attrs.get(semconv.ATTR_PARALLEL_RANK))
+        if rank is not None and 0 <= rank < 1 << 31 and node.stage is not None \
+                and node.end_ns > node.start_ns:
+            ranked.append(ranks.RankedInterval(
+                node.start_ns, node.end_ns, node.stage, rank,
+                wait=attrs.get(semconv.ATTR_PARALLEL_WAIT) is True))
         if node.stage == semconv.STAGE_LOAD_READ:
             size = _int(attrs.get(semconv.ATTR_SHARD_BYTES)) or 0
             shard_bytes += size
@@ -278,7 +289,7 @@ def _activation(root: SpanNode) -> ActivationSummary:
         bytes_read=shard_bytes or load_bytes,
         resident_ratio=weighted / weight if weight else None,
         compile_cache_hit=(all(hits) if hits else None),
-        facts=facts,
+        facts=facts, rank_skews=ranks.skews(ranked), rank_gate=ranks.gate(ranked),
     )
 
 

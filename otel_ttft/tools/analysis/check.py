@@ -199,6 +199,15 @@ def verification_regressions(current: Analysis, baseline: Analysis) -> list[str]
     return out
 
 
+def rank_gates(current: Analysis, baseline: Analysis) -> list[str]:
+    """Starts of the current run that one worker rank gated, in a stage where no rank gated
+    the baseline's: the rank, the stage and the skew."""
+    before = {g.rank_gate.stage for g in baseline.gated_activations}
+    return [f"{printable(g.kind)} {printable(g.trace_id[:8])}: "
+            f"{printable(g.summary or g.rank_gate.stage, 300)}"
+            for g in current.gated_activations if g.rank_gate.stage not in before]
+
+
 def run_check(current: Analysis, baseline: Analysis, thresholds: Thresholds, *,
               allow_different_runs: bool = False, out=None, err=None) -> int:
     """Print regressions (exit 1) or a one-line all-clear (exit 0); 2 when runs differ."""
@@ -219,6 +228,7 @@ def run_check(current: Analysis, baseline: Analysis, thresholds: Thresholds, *,
     changes = compare(current, baseline, thresholds)
     regressions = [c.describe() for c in changes if c.regressed]
     regressions += verification_regressions(current, baseline)
+    regressions += rank_gates(current, baseline)
     for line in regressions:
         print(f"REGRESSION {line}", file=out)
     worst = max(changes, key=lambda c: c.delta_s)

@@ -236,6 +236,39 @@ class Verification(_Model):
     """The verification in one line (the `verified: ...` line)."""
 
 
+class RankGate(_Model):
+    """The worker rank that gated a start: in one stage it took at least twice the fastest
+    rank's time and a second more (later v1)."""
+
+    rank: int = Field(ge=0)
+    """The slowest rank (vLLM's world rank, ttft.parallel.rank)."""
+    stage: Name
+    """The stage it fell behind in."""
+    skew_s: Seconds
+    """Its time in that stage less the fastest rank's, s."""
+    slowest_s: Seconds
+    """Its time in that stage, s."""
+    fastest_s: Seconds
+    """The fastest rank's time in that stage, s."""
+    fastest_rank: int = Field(ge=0)
+    """The fastest rank."""
+    fix: Annotated[str, Field(max_length=65536)] = ""
+    """What to look at on that rank, in words."""
+
+
+class GatedActivation(_Model):
+    """An activation one worker rank gated (later v1)."""
+
+    trace_id: Name
+    model: Name | None = None
+    kind: Name = "start"
+    duration_s: Seconds
+    """Start -> ready, s."""
+    rank_gate: RankGate
+    summary: Annotated[str, Field(max_length=65536)] = ""
+    """The gate in one line."""
+
+
 class Analysis(_Model):
     """The document `otel-ttft analyze --json` writes."""
 
@@ -252,6 +285,8 @@ class Analysis(_Model):
     verdicts: list[Verdict] = Field(default_factory=list, max_length=10_000)
     """One per scenario other than its baseline."""
     verifications: list[Verification] = Field(default_factory=list, max_length=10_000)
+    gated_activations: list[GatedActivation] = Field(default_factory=list, max_length=10_000)
+    """The activations in the source that one worker rank gated (several workers only)."""
 
     def scenario_names(self) -> list[str]:
         """Scenarios in file order, then any that only appear on requests."""

@@ -86,6 +86,14 @@ def print_analysis(doc: dict, out: TextIO, *, width: int | None = None,
         if note:
             console.print(f"    note: {note}")
         _print_change(console, v.get("change"))
+    gated = doc.get("gated_activations") or []
+    if gated:
+        console.print("")
+        console.print("Starts along their slowest worker rank (one rank fell behind the others):")
+    for g in gated:
+        console.print(f"- {g['kind']} {g['trace_id'][:8]}"
+                      + (f" of {_model(g['model'])}" if g.get("model") else "")
+                      + f" ({_seconds(g['duration_s'])}): {g['summary']}")
 
 
 def _print_change(console: Console, change: dict | None) -> None:

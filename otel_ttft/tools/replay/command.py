@@ -51,6 +51,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "activation meets what vLLM compiles on first use for them")
     p.add_argument("--max-model-len", default="512", type=cliargs.int_at_least(16),
                    help="context limit the long prompt fills (default 512, the templates' own)")
+    p.add_argument("--tensor-parallel-size", default="1", type=cliargs.int_at_least(1),
+                   help="workers per server (vLLM's --tensor-parallel-size), added to the "
+                        "default serve templates (your own --serve-a/--serve-b say it "
+                        "themselves); on a CPU build give each rank its cores, e.g. "
+                        "VLLM_CPU_OMP_THREADS_BIND='0|1' (default 1)")
     p.add_argument("--model-a", type=cliargs.checkpoint,
                    help="checkpoint dir of model A (config.json + weights; default: the tiny "
                         "Llama, built)")
@@ -235,6 +240,10 @@ def _main(args: argparse.Namespace) -> int:  # noqa: C901 - one check per option
     if args.driver == "sleep" and starts_servers:
         template_a += "" if args.serve_a else " " + d.SLEEP_ARGS
         template_b += "" if args.serve_b else " " + d.SLEEP_ARGS
+    if args.tensor_parallel_size > 1:  # several workers per server: vLLM's own flag
+        tp = f" --tensor-parallel-size {args.tensor_parallel_size}"
+        template_a += "" if args.serve_a else tp
+        template_b += "" if args.serve_b else tp
     targets = [
         d.Target(name_a, model_a or "", template_a, args.url_a, tuple(adapters),
                  env={"OTEL_SERVICE_NAME": f"vllm-{name_a}"}),

@@ -27,7 +27,6 @@ from opentelemetry import trace
 
 from otel_ttft import semconv
 from otel_ttft.runtime import clock
-from otel_ttft.runtime.context import process as this_process
 from otel_ttft.runtime.hooks.load import pagecache, storage
 from otel_ttft.runtime.state import PartSpec
 from otel_ttft.runtime.telemetry import metrics, spans
@@ -100,6 +99,7 @@ class LoadState:
 
     def __init__(self, process_state: Any):
         self._tracer = process_state.tracer
+        self._identity = process_state.identity
         self._metrics = process_state.part(metrics.PART)  # the stage metrics, made before
         self._lock = threading.Lock()
         self._running: LoadPass | None = None
@@ -160,8 +160,9 @@ class LoadState:
 
     def stage_span(self, name: str, stage: str | None, **kwargs: Any
                    ) -> AbstractContextManager[Any]:
-        """``spans.stage_span`` with this process's tracer."""
-        return spans.stage_span(name, stage, tracer=self._tracer, **kwargs)
+        """``spans.stage_span`` with this process's tracer and identity."""
+        return spans.stage_span(name, stage, tracer=self._tracer, identity=self._identity,
+                                **kwargs)
 
     # --- the safetensors reader each thread runs (``weights``) -------------------------------
 
@@ -261,7 +262,7 @@ class ShardRead:
             semconv.ATTR_LOAD_READER: self.reader,
             semconv.ATTR_FS_TYPE: pagecache.filesystem_type(self.path),
             semconv.ATTR_PAGE_CACHE_RESIDENT: self.resident,
-        })
+        }, self.state._identity)
 
     def finish(self, end_ns: int | None = None) -> None:
         span, self.span = self.span, None
@@ -277,7 +278,7 @@ class ShardRead:
         span.end(end_time=end_ns)
         if self.load is not None:
             self.load.add(self, end_ns)
-        self.state._metrics.record_shard_read(self.size, gbps, this_process.served_model)
+        self.state._metrics.record_shard_read(self.size, gbps, self.state._identity.served_model)
 
 
 def checkpoint_bytes(paths: list[str]) -> int:

@@ -1,34 +1,11 @@
 """The request path: one span per request whose stage children tile its server-side TTFT, built
 after the fact from timestamps vLLM already records (``docs/architecture.md`` walks one request).
 
-API process (``api``, ``ends``, ``flush``; front-end cache fills: ``hooks.first_use``):
-
-- ``request.flush``: starlette's ``StreamingResponse.stream_response`` writes through a ``send``
-  that timestamps the chunk carrying the first token.
-- ``request.caller``: ``AsyncLLM.add_request``, the caller's ``trace_headers`` (vLLM drops them
-  unless its own tracing is on).
-- ``request.add``: ``OutputProcessor.add_request``, the record (``state.RequestRecord``).
-- ``request.generate``: ``AsyncLLM.generate``, only with content capture opted in.
-- ``request.outputs``: ``OutputProcessor.process_outputs``, the first two outputs of each
-  request (first token, EngineCore's payload, events, second token).
-- ``request.finish`` / ``request.abort`` / ``request.error`` / ``request.vllm_span``: the ways a
-  request ends; ``settle`` emits it (``spans``: the tree; ``metrics``: TTFT and time per stage;
-  ``detail``: which requests get a span).
-
-EngineCore (``engine``; counts, never builds spans): queue depth and KV blocks at arrival,
-admission attempts, schedule times when vLLM records no events, and the ``payload`` shipped with
-each request's first output, and EngineCore's own wait for a CPU in each step (``runqueue``).
-Worker (``worker``): warm-up paid inside a step (an adapter load, a compile, from torch's Dynamo
-callbacks), the wall and CPU time of each step that ran a prefill on a CPU worker, and
-(``graphs``, GPU) the CUDA-graph decision for a step that starts a prefill, handed to EngineCore
-with the step's output.
-
-State: one part per side, made by ``runtime.state.ProcessState`` (``PARTS``) and handed to the
-hooks that name it: ``request.api`` (``api.ApiRequests``: the records, the cold count, the
-emitter, the settler), ``request.engine`` (``engine.EngineRequests``) and ``request.worker``
-(``worker.WorkerSteps``). Between processes, one way each: worker -> EngineCore, one attribute of
-the step's ``ModelRunnerOutput`` (``payload.WORKER_NOTES_ATTR``); EngineCore -> API server, one
-entry in the ``trace_headers`` of the request's first output (``payload``).
+One part per process, handed to the hooks that name it: ``request.api`` (``api``: the records,
+emitted by ``settle`` through ``spans``, ``attributes`` and ``metrics`` as ``detail`` decides),
+``request.engine`` (``engine``: counts, never spans) and ``request.worker`` (``worker``, with
+``graphs`` and ``kernels``); what they hand each other, one way in each direction, is
+``payload``.
 """
 
 from __future__ import annotations
@@ -36,11 +13,10 @@ from __future__ import annotations
 import functools
 
 from otel_ttft import semconv
-from otel_ttft.runtime.hooks import activation, activation_verdict, first_use
+from otel_ttft.runtime.hooks import activation
 from otel_ttft.runtime.hooks.registry import Hook, report_failure
-from otel_ttft.runtime.hooks.request import api, ends, engine, graphs, worker
-from otel_ttft.runtime.hooks.request.flush import wrap_stream_response
-from otel_ttft.runtime.state import PartSpec, ProcessState
+from otel_ttft.runtime.hooks.request import api, engine, graphs, worker
+from otel_ttft.runtime.state import PartSpec
 
 API_SERVER, ENGINE_CORE, WORKER = semconv.PROCESS_KINDS
 API, ENGINE, WORKER_PART = "request.api", "request.engine", "request.worker"  # the parts
@@ -56,7 +32,7 @@ _ASYNC_OUTPUTS = (
 )
 HOOKS: list[Hook] = [
     Hook("request.flush", "starlette.responses:StreamingResponse.stream_response",
-         wrap_stream_response, stage=semconv.STAGE_FRONTEND, process=API_SERVER,
+         api.wrap_stream_response, stage=semconv.STAGE_FRONTEND, process=API_SERVER,
          optional=True),
     Hook("request.caller", "vllm.v1.engine.async_llm:AsyncLLM.add_request",
          api.wrap_engine_add_request, process=API_SERVER),
@@ -68,11 +44,11 @@ HOOKS: list[Hook] = [
          process=API_SERVER, state=API),
     Hook("request.finish", f"{_OP}._update_stats_from_finished", api.wrap_finished,
          process=API_SERVER, state=API),
-    Hook("request.abort", f"{_OP}.abort_requests", ends.wrap_abort_requests, process=API_SERVER,
+    Hook("request.abort", f"{_OP}.abort_requests", api.wrap_abort_requests, process=API_SERVER,
          state=API),
-    Hook("request.error", f"{_OP}.propagate_error", ends.wrap_propagate_error,
+    Hook("request.error", f"{_OP}.propagate_error", api.wrap_propagate_error,
          process=API_SERVER, state=API),
-    Hook("request.vllm_span", f"{_OP}.do_tracing", ends.wrap_do_tracing, process=API_SERVER,
+    Hook("request.vllm_span", f"{_OP}.do_tracing", api.wrap_do_tracing, process=API_SERVER,
          state=API),
     Hook("request.engine_arrival", f"{_SCHED}.add_request",
          engine.wrap_scheduler_add_request, stage=semconv.STAGE_QUEUE,
@@ -110,17 +86,9 @@ HOOKS: list[Hook] = [
 _FINISH = next(h for h in HOOKS if h.name == "request.finish")
 
 
-def _api_part(ps: ProcessState) -> api.ApiRequests:
-    # a failure of ours outside any wrapper (the deferred emission) is the finish hook's
-    return api.ApiRequests(ps.config, ps.tracer, ps.meter,
-                           functools.partial(report_failure, _FINISH),
-                           activations=ps.part(activation.PART),
-                           fills=ps.part(first_use.PART),
-                           verdict=ps.part(activation_verdict.PART))
-
-
 PARTS: list[PartSpec] = [
-    PartSpec(API, _api_part),
+    # a failure of ours outside any wrapper (the deferred emission) is the finish hook's
+    PartSpec(API, lambda ps: api.ApiRequests(ps, functools.partial(report_failure, _FINISH))),
     PartSpec(ENGINE, lambda ps: engine.EngineRequests(ps.config.cold_requests,
                                                       ps.part(activation.PART))),
     PartSpec(WORKER_PART, lambda ps: worker.WorkerSteps()),

@@ -1,25 +1,32 @@
-"""The request path's hooks in the API process: the caller's trace headers, the record, its first
-outputs, its end (see the package docstring for the lifecycle), and the API server's part
-(:class:`ApiRequests`) they are handed."""
+"""The request path's hooks in the API process and its part (:class:`ApiRequests`): the
+response's ``send``, the caller's trace headers, the record, its first outputs, and each way a
+request ends (its final output, an abort, an engine failure, vLLM's own ``llm_request``)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from functools import cache
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 
-from otel_ttft.runtime.context import process as this_process
+from otel_ttft import semconv
+from otel_ttft.runtime.hooks import activation, activation_verdict, first_use
 from otel_ttft.runtime.hooks.registry import Stream
-from otel_ttft.runtime.hooks.request.cold import ColdCounter
 from otel_ttft.runtime.hooks.request.detail import DetailPolicy
-from otel_ttft.runtime.hooks.request.flush import FLUSH
 from otel_ttft.runtime.hooks.request.metrics import RequestMetrics
 from otel_ttft.runtime.hooks.request.settle import Settler
 from otel_ttft.runtime.hooks.request.spans import RequestEmitter
-from otel_ttft.runtime.hooks.request.state import CALLER_HEADERS, TEXTS, RequestRecord, Requests
+from otel_ttft.runtime.hooks.request.state import (
+    CALLER_HEADERS,
+    FLUSH,
+    TEXTS,
+    FirstChunk,
+    RequestRecord,
+    Requests,
+)
 
 
 @cache
@@ -30,19 +37,47 @@ def _output_kinds() -> tuple[Any, Any]:
     return K.DELTA, K.FINAL_ONLY
 
 
+class ColdCounter:
+    """The first ``cold_requests`` requests after an activation (start, wake-up, switch) of this
+    process count as cold: the activation being counted (each is a new object) and the requests
+    since."""
+
+    __slots__ = ("limit", "activations", "counted", "count_since")
+
+    def __init__(self, cold_requests: int, activations: Any) -> None:
+        self.limit = cold_requests
+        self.activations = activations  # the activation part: its ``latest``
+        self.counted: Any = None
+        self.count_since = 0
+
+    def count(self) -> tuple[Any, int, bool]:
+        """A request arrived: the latest activation (``None`` before the first), the request's
+        position since it (1 = first; 0 without one) and whether that makes it cold."""
+        act = self.activations.latest  # read, not called: once per request, in the busy step
+        if act is None:
+            return None, 0, False
+        if act is not self.counted:
+            self.counted, self.count_since = act, 0
+        self.count_since += 1
+        return act, self.count_since, self.count_since <= self.limit
+
+
 class ApiRequests:
     """The API server's part (``request.api``): the records (``book``), which requests count as
     cold, the emitter (tracer, instruments, detail policy) and the settler that emits ended
-    requests. The hooks here and in ``ends`` call their methods."""
+    requests."""
 
-    def __init__(self, config: Any, tracer: trace.Tracer, meter: metrics.Meter,
-                 on_failure: Any, *, activations: Any, fills: Any, verdict: Any) -> None:
-        self.config = config
+    def __init__(self, process_state: Any, on_failure: Any) -> None:
+        ps = process_state
+        self.config = config = ps.config
+        self.identity = ps.identity  # the process's: its served model names a request's
         self.capture = bool(config.capture_content)
         self.book = Requests()
-        self.cold = ColdCounter(config.cold_requests, activations)
-        self.emitter = RequestEmitter(tracer, RequestMetrics(meter), DetailPolicy(config),
-                                      fills, verdict)
+        # the activation, first-use and verdict parts, made before (``hooks.all_parts``)
+        self.cold = ColdCounter(config.cold_requests, ps.part(activation.PART))
+        self.emitter = RequestEmitter(ps.tracer, RequestMetrics(config, ps.meter),
+                                      DetailPolicy(config), ps.part(first_use.PART),
+                                      ps.part(activation_verdict.PART))
         self.settler = Settler(self.book, self.emitter.emit, on_failure)
 
     def close(self) -> None:
@@ -57,6 +92,28 @@ class ApiRequests:
         return (c.tracer_provider is not None or c.meter_provider is not None
                 or not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
                 or hasattr(metrics.get_meter_provider(), "force_flush"))
+
+
+# --- starlette's StreamingResponse.stream_response: when the first token's chunk left -------------
+
+def _timed(send: Callable[[Any], Awaitable[None]], box: FirstChunk) -> Callable[[Any], Any]:
+    async def timed_send(message: Any) -> None:
+        await send(message)
+        if box.armed and box.first is None and message.get("type") == "http.response.body":
+            box.first = time.monotonic()
+
+    return timed_send
+
+
+def wrap_stream_response(call: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """starlette's own ``stream_response``, with a ``send`` that timestamps the first body chunk
+    after the request's first output; the box goes into the context of the task that runs the
+    response, where ``generate`` finds it."""
+    box = FirstChunk()
+    FLUSH.set(box)
+    if args:
+        return call(_timed(args[0], box), *args[1:], **kwargs)
+    return call(*args, **{**kwargs, "send": _timed(kwargs["send"], box)})
 
 
 # --- AsyncLLM.add_request: the caller's trace headers ---------------------------------------------
@@ -141,7 +198,7 @@ def wrap_add_request(part: ApiRequests, call: Any, instance: Any, args: tuple,
         prompt = args[1] if len(args) > 1 else kwargs.get("prompt")
         rec.prompt = prompt if isinstance(prompt, str) else None
         rec.texts = TEXTS.get()
-    rec.model = rec.lora.lora_name if rec.lora is not None else this_process.served_model
+    rec.model = rec.lora.lora_name if rec.lora is not None else part.identity.served_model
     book.add(rec)
     return result
 
@@ -189,7 +246,7 @@ def wrap_finished(part: ApiRequests, call: Any, instance: Any, args: tuple,
                   kwargs: dict) -> Any:
     """vLLM calls ``_update_stats_from_finished`` once per request its outputs ended (a final
     output, or a stop string its detokenizer found), after freeing it. With vLLM's tracing on,
-    ``do_tracing`` follows and ends it instead (``ends.wrap_do_tracing``), carrying vLLM's
+    ``do_tracing`` follows and ends it instead (``wrap_do_tracing``), carrying vLLM's
     attributes."""
     result = call(*args, **kwargs)
     if not instance.tracing_enabled:
@@ -200,3 +257,80 @@ def wrap_finished(part: ApiRequests, call: Any, instance: Any, args: tuple,
                 rec.finish = args[1] if len(args) > 1 else kwargs.get("finish_reason")
             part.settler.end(rec, time.monotonic())
     return result
+
+
+# --- the other ways out: an abort, an engine failure, vLLM's own llm_request ---------------------
+
+def wrap_abort_requests(part: ApiRequests, call: Any, instance: Any, args: tuple,
+                        kwargs: dict) -> Any:
+    """Aborted requests (client gone, shutdown) are closed too."""
+    request_ids = args[0] if args else kwargs.get("request_ids", ())
+    if not isinstance(request_ids, (list, tuple, set, frozenset)):
+        request_ids = list(request_ids)  # read it here and hand vLLM the same ids
+        args, kwargs = ((request_ids, *args[1:]), kwargs) if args else (
+            args, {**kwargs, "request_ids": request_ids})
+    aborted = call(*args, **kwargs)
+    now = time.monotonic()
+    for rid in aborted or ():
+        rec = part.book.forget(rid)
+        if rec is not None:
+            rec.aborted = rec.finish is None
+            rec.read_end(now)
+            part.emitter.emit(rec, now)
+    for rid in request_ids:
+        rec = part.book.settling.pop(rid, None)
+        if rec is not None:
+            # Finished in the engine, but the caller left before taking the final output
+            # (still in its queue): the caller never got it, so the request was aborted.
+            rec.aborted = not rec.taken()
+            part.emitter.emit(rec, now)
+    return aborted
+
+
+def wrap_propagate_error(part: ApiRequests, call: Any, instance: Any, args: tuple,
+                         kwargs: dict) -> Any:
+    """An engine failure reaches every open request."""
+    exc = args[0] if args else kwargs.get("e")
+    result = call(*args, **kwargs)
+    now = time.monotonic()
+    error = f"{type(exc).__name__}: {exc}"
+    for rid in list(part.book.live):
+        rec = part.book.forget(rid)
+        if rec is not None:
+            rec.error = error
+            rec.read_end(now)
+            part.emitter.emit(rec, now)
+    return result
+
+
+def wrap_do_tracing(part: ApiRequests, call: Any, instance: Any, args: tuple,
+                    kwargs: dict) -> Any:
+    """vLLM's ``llm_request`` becomes ours; its attributes are carried over."""
+    req_state = args[1] if len(args) > 1 else kwargs["req_state"]
+    rec = part.book.live.get(req_state.request_id)
+    if rec is None:
+        return call(*args, **kwargs)
+    iteration_stats = args[2] if len(args) > 2 else kwargs.get("iteration_stats")
+    from vllm.tracing.utils import SpanAttributes as V  # vLLM's own names, carried as they are
+
+    m = req_state.stats
+    rec.vllm = {
+        semconv.VLLM_LATENCY_TTFT: m.first_token_latency,
+        V.GEN_AI_LATENCY_E2E: iteration_stats.iteration_timestamp - m.arrival_time,
+        V.GEN_AI_LATENCY_TIME_IN_QUEUE: m.scheduled_ts - m.queued_ts,
+        V.GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL: m.first_token_ts - m.scheduled_ts,
+        V.GEN_AI_LATENCY_TIME_IN_MODEL_DECODE: m.last_token_ts - m.first_token_ts,
+        V.GEN_AI_LATENCY_TIME_IN_MODEL_INFERENCE: m.last_token_ts - m.scheduled_ts,
+        V.GEN_AI_USAGE_PROMPT_TOKENS: rec.prompt_len,
+        V.GEN_AI_USAGE_COMPLETION_TOKENS: m.num_generation_tokens,
+        semconv.VLLM_REQUEST_ID: req_state.external_req_id,
+    }
+    if req_state.n:
+        rec.vllm[V.GEN_AI_REQUEST_N] = req_state.n
+    if req_state.request_id not in instance.request_states:
+        if rec.finish is None:
+            eco = args[0] if args else kwargs.get("engine_core_output")
+            reason = getattr(eco, "finish_reason", None)
+            rec.finish = str(reason) if reason is not None else "stop"  # a stop string's
+        part.settler.end(part.book.forget(rec.rid), time.monotonic())
+    return None

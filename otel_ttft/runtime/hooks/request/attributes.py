@@ -1,6 +1,6 @@
-"""The request span's attributes, from a finished request's record: GenAI request and usage
-attributes, vLLM's own (when its tracing is on), the engine at arrival, stage seconds, adapter,
-compile and activation bookkeeping, and content only when capture is opted in."""
+"""The request span's attributes (GenAI conventions, vLLM's own when its tracing is on, the
+engine at arrival, stage seconds, warm-up, content only when opted in), and the rule for a
+prefill's waits for a CPU."""
 
 from __future__ import annotations
 
@@ -40,10 +40,20 @@ def span_attributes(rec: RequestRecord, eng: EnginePayload | None, ttft: float |
         attrs[semconv.ATTR_REQUEST_FIRST_USE_SECONDS] = _union_s(fills)
     for stage, seconds in stages.items():
         attrs[semconv.REQUEST_STAGE_SECONDS[stage]] = seconds
-    seen = (sum(1 for kind, ts in schedule if kind == PREEMPTED
-                and (rec.first_tok is None or ts < rec.first_tok)) + len(rec.late_preemptions))
+    seen = len(preemption_events(rec, schedule))
     attrs[semconv.ATTR_REQUEST_PREEMPTIONS] = max(seen, rec.preemptions or 0)  # vLLM's, if kept
     return attrs
+
+
+def preemption_events(rec: RequestRecord, schedule: list[tuple[str, float]]
+                      ) -> list[tuple[str, float, dict[str, Any]]]:
+    """(name, time, attributes) of each preemption: before the first token, then after it."""
+    events = [(semconv.EVENT_REQUEST_PREEMPTED, ts, {semconv.ATTR_EVENT_BEFORE_FIRST_TOKEN: True})
+              for kind, ts in schedule if kind == PREEMPTED
+              and (rec.first_tok is None or ts < rec.first_tok)]
+    return events + [(semconv.EVENT_REQUEST_PREEMPTED, ts,
+                      {semconv.ATTR_EVENT_BEFORE_FIRST_TOKEN: False})
+                     for ts in rec.late_preemptions]
 
 
 def _union_s(intervals: list[first_use.Fill]) -> float:
@@ -77,19 +87,56 @@ class Wait:
     evidence: dict[str, float]
 
 
-def _worker_wait(s: StepTime, previous_end: float | None) -> Wait | None:
-    """A CPU worker step's wait: inside it, the longer of its wall against CPU time and its
-    run-queue delay (two readings of one wait); before it, its run-queue delay since its
-    previous step, counted only within the gap since ``previous_end`` (the request's scheduling
-    or its previous step)."""
-    inside = max(s.wall - s.cpu, s.queued)
+def _overlap(lo: float, hi: float, intervals: Any) -> float:
+    """Seconds of ``[lo, hi]`` the (outermost, never nested) intervals cover."""
+    return sum(max(0.0, min(hi, c.end) - max(lo, c.start)) for c in intervals)
+
+
+def _worker_wait(s: StepTime, previous_end: float | None, compiles: Any = ()) -> Wait | None:
+    """A CPU worker step's wait: inside it, the longer of its wall against CPU time (less the
+    compiles in it: a compile is the compile, not also a wait) and its run-queue delay (two
+    readings of one wait); before it, the longer of its run-queue delay since its previous step
+    (counted only within the gap since ``previous_end``: the request's scheduling or its
+    previous step) and the hand-off from EngineCore to the worker; after it, the hand-off of its
+    output back. A hand-off counts beyond ``thresholds.HANDOFF_MIN_SECONDS`` only: a worker not
+    runnable at all (stopped, frozen, paged in) is on no run queue, and only the hand-off's two
+    stamps show it."""
+    compiled = _overlap(s.start, s.end, compiles)
+    inside = max(s.wall - s.cpu - compiled, s.queued, 0.0)
     gap = max(0.0, s.start - previous_end) if previous_end is not None else 0.0
-    before = min(s.queued_before, gap)
-    if not thresholds.waited(s.end - s.start + before, inside + before):
+    queued_before = min(s.queued_before, gap)
+    handoff_in = max(0.0, s.start - s.handed) if s.handed else 0.0
+    handoff_out = max(0.0, s.received - s.end) if s.received else 0.0
+    if handoff_in + handoff_out < thresholds.HANDOFF_MIN_SECONDS:
+        handoff_in = handoff_out = 0.0
+    before = max(queued_before, handoff_in)
+    waited_s = inside + before + handoff_out
+    if not thresholds.waited(s.end - s.start + before + handoff_out, waited_s):
         return None
-    evidence = {**step_evidence([s]), semconv.ATTR_STEP_QUEUED_SECONDS: s.queued + before}
-    # from the wake-up it waited for, else ending with the step
-    return Wait(s.start - before if before else s.end - inside, inside + before, evidence)
+    evidence: dict[str, Any] = {**step_evidence([s]),
+                                semconv.ATTR_STEP_QUEUED_SECONDS: s.queued + queued_before}
+    if s.handed:
+        evidence.update({semconv.ATTR_STEP_HANDOFF_SECONDS: handoff_in + handoff_out,
+                         semconv.ATTR_STEP_MAJOR_FAULTS: s.major_faults,
+                         semconv.ATTR_HOST_STEAL_SECONDS: s.steal,
+                         semconv.ATTR_CGROUP_THROTTLED_SECONDS: s.throttled})
+    evidence[semconv.ATTR_WAIT_CAUSE] = _cause(s, waited_s, s.queued + queued_before)
+    # from the wake-up (or the hand-off) it waited for, else ending with the step
+    return Wait(s.start - before if before else s.end - inside, waited_s, evidence)
+
+
+def _cause(s: StepTime, waited_s: float, queued_s: float) -> str:
+    """What the readings say the wait was: the one that explains at least half of it, else a
+    worker that was not runnable and nothing readable says why."""
+    half = waited_s / 2
+    for seconds, cause in ((queued_s, semconv.WAIT_CAUSE_RUN_QUEUE),
+                           (s.steal, semconv.WAIT_CAUSE_STEAL),
+                           (s.throttled, semconv.WAIT_CAUSE_THROTTLED)):
+        if seconds >= half:
+            return cause
+    if s.major_faults >= thresholds.WAIT_MAJOR_FAULTS:
+        return semconv.WAIT_CAUSE_MAJOR_FAULTS
+    return semconv.WAIT_CAUSE_NOT_RUNNABLE
 
 
 def named_waits(eng: EnginePayload | None, scheduled: float | None = None) -> list[Wait]:
@@ -102,7 +149,7 @@ def named_waits(eng: EnginePayload | None, scheduled: float | None = None) -> li
     worker: list[tuple[StepTime, Wait]] = []
     previous = scheduled
     for s in sorted(eng.steps, key=lambda s: s.start):
-        w = _worker_wait(s, previous)
+        w = _worker_wait(s, previous, eng.compile)
         if w is not None:
             worker.append((s, w))
         previous = s.end
@@ -119,6 +166,8 @@ def named_waits(eng: EnginePayload | None, scheduled: float | None = None) -> li
         for i in inside:
             evidence.update(worker[i][1].evidence)
         seconds = min(max(queued, mine), e.end - e.start)
+        if queued >= seconds / 2:  # EngineCore's thread waited for a CPU: the worker did not
+            evidence[semconv.ATTR_WAIT_CAUSE] = semconv.WAIT_CAUSE_RUN_QUEUE
         start = worker[inside[0]][1].start if mine >= queued else e.end - seconds
         out.append(Wait(start, seconds, evidence))
     out += [w for i, (_, w) in enumerate(worker) if i not in used]

@@ -1,22 +1,8 @@
-"""Which requests get a span, and which get their stage child spans: the request-detail policy.
-
-Every request is counted in our metrics (TTFT and time per stage, cold and warm apart); a span
-costs far more than a request's hooks and metric samples together (the SDK builds it, the
-exporter encodes every attribute, the export thread sends it): on a busy server that is most of
-our cost. So by default
-(``auto``) the ``llm_request`` span, with its stage children, is built for the requests someone
-will open: cold ones (the first requests after an activation, or one that waited for a compile or
-an adapter), slow ones (TTFT above ``OTEL_TTFT_REQUEST_DETAIL_SLOW_MS``), the model's tail (above
-its running p99 over its latest 256 requests), failed or aborted ones, and a sampled share of the
-rest (``OTEL_TTFT_REQUEST_DETAIL_RATIO``). A request the caller traces (a sampled
-``traceparent``, or a recording server span around it, e.g. a replay's) always gets its span,
-with the stage durations as attributes; its children only for one of the reasons above.
-
-``spans``: every request gets its span, children as in ``auto``. ``all``: every request, span and
-children. ``none``: no children; spans only for requests the caller traces. The configured sampler
-still has the last word on every span. Settings: the process's ``Config`` (``request_detail``,
-``detail_slow_s``, ``detail_ratio``), read when instrumenting; the tails and the private draw
-are the API server part's (:class:`DetailPolicy`).
+"""Which requests get a span, and which their stage children: the request-detail policy
+(``OTEL_TTFT_REQUEST_DETAIL``, ``docs/server.md``). Every request is counted in our metrics; a
+span costs far more than a request's hooks and samples together, so by default (``auto``) spans
+with children go to the requests someone will open (cold, slow, the model's tail, failed, a
+sampled share) and to those the caller traces; the sampler still has the last word.
 """
 
 from __future__ import annotations

@@ -1,25 +1,10 @@
-"""EngineCore side of the request path: count, never build spans.
-
-Per request the engine notes, at ``Scheduler.add_request``, the waiting/running depth and free KV
-blocks; counts admission attempts (each prefix-cache lookup the scheduler makes for a request at
-the head of its waiting queue: a fresh or preempted request that then fails to get KV blocks is
-looked up again next step); and, only when vLLM's stats logging is off, the queued/scheduled/
-preempted times vLLM would otherwise record as events. Admissions that found no blocks are then
-attempts minus admissions, computed in the API process. Per step the hooks cost a dict lookup per
-output while some request is between arrival and its first output, and a truth test otherwise.
-
-These ride back to the API process as the ``payload`` of the request's first ``EngineCoreOutput``.
-
-Warm-up paid inside a request (a LoRA adapter loaded lazily, a torch.compile of something
-start-up did not compile) is timed in the worker (``worker``), handed over on the step's
-``ModelRunnerOutput`` (``payload.WORKER_NOTES_ATTR``) and charged here to the
-requests that were waiting for their first token when it started (adapter loads: only those with
-that adapter). Warm-up before any request was queued is thereby never charged to one. Steps a CPU
-worker timed (wall against its thread's CPU time) go to the requests whose prefill they ran, and
-so does EngineCore's own wait for a CPU within a step (``runqueue``), read at ``schedule`` and
-after ``update_from_output`` while some request waits for its first token.
-
-All of it is EngineCore's part (:class:`EngineRequests`, ``request.engine``).
+"""EngineCore side of the request path: count, never build spans. Per request, at
+``Scheduler.add_request``, the queue depth and free KV blocks; admission attempts (each
+prefix-cache lookup while it waits for blocks); the schedule times vLLM would record as events,
+only when its stats logging is off; EngineCore's own wait for a CPU in each step (``runqueue``);
+and what a worker handed over with a step's output (warm-up, CPU steps, CUDA-graph decisions),
+charged to the requests that waited for their first token when it started. All of it rides to
+the API process as the ``payload`` of the request's first ``EngineCoreOutput``.
 """
 
 from __future__ import annotations
@@ -27,6 +12,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from typing import Any
+
+import msgspec
 
 from otel_ttft import semconv
 from otel_ttft.runtime.hooks.request import payload
@@ -61,11 +48,15 @@ class EngineRequests:
         self.own_admission_times = False
         self.run_queue = RunQueueClock()  # EngineCore's thread: its wait for a CPU
         self.step_start: tuple[float, float] | None = None  # (monotonic, run-queue s) at schedule
+        # when the latest steps were handed to the workers (schedule returned), oldest first:
+        # with async scheduling the next step is handed before the last one's output is in
+        self.handed: list[float] = []
 
     def close(self) -> None:
         self.run_queue.close()
         self.noted.clear()
         self.step_start = None
+        self.handed.clear()
 
     def arrived(self, rid: str, entry: EnginePayload) -> None:
         if len(self.noted) >= _MAX_TRACKED:
@@ -128,14 +119,26 @@ class EngineRequests:
                     st.engine_waits.append(wait)
         return mark
 
-    def charge_steps(self, timed: list[PrefillStep]) -> None:
+    def hand_off(self) -> None:
+        """A step goes to the workers now (while some request waits for its first token)."""
+        self.handed.append(time.monotonic())
+        del self.handed[:-8]
+
+    def charge_steps(self, timed: list[PrefillStep], received: float = 0.0) -> None:
         """Each timed step goes to the requests whose prefill it ran (and still wait for their
-        first token)."""
+        first token), with the hand-off's two stamps on EngineCore's side: when it handed the
+        step over (if the worker began it after that) and when it had the output."""
         for step in timed:
+            time_ = step.time
+            # the latest hand-off before the worker began: never earlier than the step's own
+            # (a late step's gap may read short, never long)
+            handed = max((h for h in self.handed if h <= time_.start), default=0.0)
+            if handed and (not received or received >= time_.end):
+                time_ = msgspec.structs.replace(time_, handed=handed, received=received)
             for rid in step.request_ids:
                 st = self.noted.get(rid)
                 if st is not None and len(st.steps) < 64:
-                    st.steps.append(step.time)
+                    st.steps.append(time_)
 
 
 # --- Scheduler.add_request: arrival at the engine ------------------------------------------------
@@ -173,17 +176,22 @@ def wrap_prefix_lookup(part: EngineRequests, call: Any, instance: Any, args: tup
     return call(*args, **kwargs)
 
 
-# --- Scheduler.schedule: admission times, only when vLLM records no events -----------------------
+# --- Scheduler.schedule: the hand-off to the workers; admission times when vLLM records none ------
 
 def wrap_schedule(part: EngineRequests, call: Any, instance: Any, args: tuple,
                   kwargs: dict) -> Any:
     noted = part.noted
-    if noted and part.step_start is None:  # a request waits for its first token: time the steps
+    if not noted:
+        return call(*args, **kwargs)
+    if part.step_start is None:  # a request waits for its first token: time the steps
         part.step_start = part.run_queue_mark()
-    if instance.log_stats or not part.own_admission_times or not noted:
-        return call(*args, **kwargs)  # vLLM stamps the events itself
+    if instance.log_stats or not part.own_admission_times:
+        out = call(*args, **kwargs)  # vLLM stamps the events itself
+        part.hand_off()  # the step goes to the workers now
+        return out
     scheduled_at = time.monotonic()  # what vLLM stamps its SCHEDULED events with
     out = call(*args, **kwargs)
+    part.hand_off()
     ids = [r.req_id for r in out.scheduled_new_reqs]
     ids.extend(out.scheduled_cached_reqs.resumed_req_ids)
     for rid in ids:
@@ -214,6 +222,7 @@ def wrap_update_from_output(part: EngineRequests, call: Any, instance: Any, args
     """Each request's first output carries what EngineCore noted (``payload``: the one way from
     EngineCore to the API server), and what a worker handed over with the step's output is
     charged to the requests waiting for their first token."""
+    received = time.monotonic() if part.noted else 0.0  # EngineCore has the step's output
     outputs = call(*args, **kwargs)
     runner_output = args[1] if len(args) > 1 else kwargs.get("model_runner_output")
     handed = getattr(runner_output, WORKER_NOTES_ATTR, None)
@@ -228,7 +237,7 @@ def wrap_update_from_output(part: EngineRequests, call: Any, instance: Any, args
         if handed.notes:
             part.charge_notes(handed.notes)
         if handed.steps:
-            part.charge_steps(handed.steps)
+            part.charge_steps(handed.steps, received)
     for engine_outputs in outputs.values():
         for out in engine_outputs.outputs:
             st = noted.pop(out.request_id, None)
@@ -239,6 +248,7 @@ def wrap_update_from_output(part: EngineRequests, call: Any, instance: Any, args
             out.trace_headers = headers
     if not noted:
         part.step_start = None
+        part.handed.clear()
     return outputs
 
 

@@ -1,24 +1,8 @@
-"""Request-path instruments: server TTFT (the GenAI semconv name), time spent per stage, and what
-the engine looked like when the latest request arrived.
-
-Every request is recorded, span or not: vLLM's own histograms
-(``vllm:time_to_first_token_seconds``...) do not split cold from warm, nor TTFT into stages.
-
-TTFT is a histogram, one sample per request. Buckets are the
-GenAI convention's TTFT boundaries (1 ms .. 10 s) extended to 1200 s: a request that waited on a
-cold start is measured in minutes. The sample takes the request span's context when the request
-has a span, so SDKs with exemplars (trace-based filter, the default) lead from the histogram to
-the trace.
-
-Time per stage is a counter (``ttft.request.stage.time``): the seconds requests spent in each
-stage, summed here and read by the SDK at export time. Stages tile TTFT, so these sums say which
-stage a model's first tokens wait on (its share) and how long per request (over the TTFT count).
-A slow request's own stages are on its span.
-
-Queue depth and KV usage at arrival are gauges read at export time (per model: the latest
-arrival). TTFT samples and stage times carry ``gen_ai.operation.name`` and
-``gen_ai.provider.name``. The instruments and the sums are the API server part's
-(:class:`RequestMetrics`), made on its meter.
+"""Request-path instruments, recorded for every request, span or not (vLLM's own histograms split
+neither cold from warm nor TTFT into stages): server TTFT (GenAI buckets extended to 1200 s: a
+request that waited on a cold start takes minutes; its sample takes the request span's context,
+for the exemplar), the seconds spent per stage (a counter summed here, read at export) and the
+engine at the latest arrival (gauges).
 """
 
 from __future__ import annotations
@@ -31,6 +15,7 @@ from opentelemetry.context import Context, get_current
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from otel_ttft import semconv
+from otel_ttft.runtime.telemetry.metrics import observable, stop_feeding
 
 _MAX_KEYS = 1024  # (model, cold, operation) combinations kept; LoRA names come and go
 
@@ -40,9 +25,10 @@ a span of its own has no trace to lead to)."""
 
 
 class RequestMetrics:
-    """The request path's instruments on one meter, and what its observable ones read."""
+    """The request path's instruments, and what its observable ones read (registered once per
+    meter provider and fed by the open part, as ``telemetry.metrics.observable`` says why)."""
 
-    def __init__(self, meter: Meter) -> None:
+    def __init__(self, config: Any, meter: Meter) -> None:
         # model -> (waiting requests, KV usage) at the latest arrival
         self.latest: dict[str | None, tuple[float | None, float | None]] = {}
         # (model, cold, operation) -> stage -> seconds, since this process started counting
@@ -52,21 +38,23 @@ class RequestMetrics:
             description="Time to generate the first token, server side (arrival -> first token "
                         "handed to the HTTP layer)",
             explicit_bucket_boundaries_advisory=list(semconv.TTFT_BUCKETS_S))
-        meter.create_observable_counter(
-            semconv.METRIC_REQUEST_STAGE_TIME, callbacks=[self._observe_stage_time], unit="s",
-            description="Time requests spent in each TTFT stage (frontend, queue, prefill; "
-                        "first_decode is outside TTFT), summed over requests")
-        meter.create_observable_gauge(
-            semconv.METRIC_REQUEST_ARRIVAL_WAITING, callbacks=[self._observe_latest(0)],
-            unit="{request}",
-            description="Requests waiting in the engine queue when the latest request arrived")
-        meter.create_observable_gauge(
-            semconv.METRIC_REQUEST_ARRIVAL_KV_USAGE, callbacks=[self._observe_latest(1)],
-            unit="1",
-            description="Fraction of KV-cache blocks in use when the latest request arrived")
+        self.sources = (self._observe_stage_time, self._observe_latest(0),
+                        self._observe_latest(1))
+        self.feeds = (
+            observable(config, semconv.METRIC_REQUEST_STAGE_TIME, self.sources[0], counter=True,
+                       unit="s", description="Time requests spent in each TTFT stage (frontend, "
+                       "queue, prefill; first_decode is outside TTFT), summed over requests"),
+            observable(config, semconv.METRIC_REQUEST_ARRIVAL_WAITING, self.sources[1],
+                       unit="{request}", description="Requests waiting in the engine queue when "
+                       "the latest request arrived"),
+            observable(config, semconv.METRIC_REQUEST_ARRIVAL_KV_USAGE, self.sources[2],
+                       unit="1", description="Fraction of KV-cache blocks in use when the "
+                       "latest request arrived"))
 
     def close(self) -> None:
-        """The observable instruments read nothing from now on (the API cannot remove them)."""
+        """The observable instruments read nothing from now on."""
+        for feed, source in zip(self.feeds, self.sources, strict=True):
+            stop_feeding(feed, source)
         self.latest.clear()
         self.stage_time.clear()
 

@@ -1,17 +1,9 @@
-"""How long the calling thread has waited on the kernel's run queue: runnable, not running
-(``run_delay``, the second field of ``/proc/thread-self/schedstat``).
-
-EngineCore's thread reads it around each step while some request waits for its first token. A
-thread that waits for a CPU there (another process on its core, as two vLLM servers bound to the
-same CPU are) loses that time wherever in the step it falls, including outside the worker's
-``execute_model``, and a thread that spins while it waits for another (OpenMP's barrier) is still
-on the CPU: neither shows as the worker's wall time against its CPU time, both show here. A
-stopped process is not on the run queue: that is the worker's wall-against-CPU reading.
-Where the file is absent (no schedstats in the kernel, not Linux) the clock reads ``None``.
-
-A worker that sleeps between requests is woken through ZeroMQ: its I/O thread (libzmq names it
-``ZMQbg/IO/N``) must run first, then the worker's thread. Either can wait for the CPU there, so
-the worker's clock (``with_io_threads``) adds its process's ZeroMQ I/O threads' delay to its own.
+"""How long the calling thread has waited on the kernel's run queue, runnable and not running
+(``run_delay``, the second field of ``/proc/thread-self/schedstat``; ``None`` where the kernel has
+no schedstats). A wait for a CPU shows here wherever in a step it falls, and also for a thread
+that spins while it waits (OpenMP's barrier), which the wall-against-CPU reading misses. A
+worker woken through ZeroMQ waits for its I/O thread (``ZMQbg/IO/N``) first: its clock
+(``with_io_threads``) adds those threads' delay.
 """
 
 from __future__ import annotations

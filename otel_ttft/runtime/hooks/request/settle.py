@@ -1,9 +1,8 @@
-"""A request's end in the API process: vLLM's ``OutputProcessor`` let go of it
-(:meth:`Settler.end`). It is emitted once its ``generate`` call took the final output (its first
-chunk's write is known by then, and a caller that left first is seen as an abort), on the event
-loop, ``EMIT_DELAY_S`` after the first of a batch ended. At exit, before the final flush,
-requests still waiting are emitted (``bounded_export.before_exit_flush``, registered when the API
-server's part is made, inert once it is closed)."""
+"""A request's end in the API process (:meth:`Settler.end`): emitted once its ``generate`` call
+took the final output (its first chunk's write is known by then, and a caller that left first is
+an abort), on the event loop, ``EMIT_DELAY_S`` after the first of a batch ended; at exit, before
+the final flush, whatever still waits.
+"""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Builds one request's span tree and metric samples from its recorded timestamps, after the
-fact, through the tracer with explicit start and end times (as vLLM's own ``do_tracing``).
-Whether the stage children are built is the request-detail policy's call (``detail``); the
-request span always carries the stage durations.
-"""
+"""One request's span tree and metric samples, built after the fact from its recorded timestamps
+with explicit start and end times (as vLLM's own ``do_tracing``)."""
 
 from __future__ import annotations
 
@@ -21,6 +18,7 @@ from otel_ttft.runtime.hooks import first_use
 from otel_ttft.runtime.hooks.request.attributes import (
     named_waits,
     operation_name,
+    preemption_events,
     span_attributes,
 )
 from otel_ttft.runtime.hooks.request.detail import DetailPolicy
@@ -214,16 +212,6 @@ class RequestEmitter:
                                   semconv.STAGE_PREFILL_UNCACHED_PREFIX, start, start + seconds,
                                   attrs),
             {**attrs, semconv.ATTR_REQUEST_UNCACHED_PREFIX_SECONDS: seconds})
-
-
-def preemption_events(rec: RequestRecord, schedule: list[tuple[str, float]]
-                       ) -> list[tuple[str, float, dict[str, Any]]]:
-    events = [(semconv.EVENT_REQUEST_PREEMPTED, ts, {semconv.ATTR_EVENT_BEFORE_FIRST_TOKEN: True})
-              for kind, ts in schedule if kind == PREEMPTED
-              and (rec.first_tok is None or ts < rec.first_tok)]
-    events += [(semconv.EVENT_REQUEST_PREEMPTED, ts, {semconv.ATTR_EVENT_BEFORE_FIRST_TOKEN: False})
-               for ts in rec.late_preemptions]
-    return events
 
 
 def activation_links(rec: RequestRecord) -> list[Link]:

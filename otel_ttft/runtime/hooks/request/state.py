@@ -1,6 +1,5 @@
-"""Per-request state in the API process: the record of one engine request, from
-``OutputProcessor.add_request`` until it is emitted, and the book that holds the records. Times
-are ``time.monotonic()`` seconds (host-wide: EngineCore's compare)."""
+"""The API process's record of one request, from ``OutputProcessor.add_request`` until it is
+emitted, and the book that holds the records (times: ``time.monotonic()`` seconds, host-wide)."""
 
 from __future__ import annotations
 
@@ -35,7 +34,7 @@ class RequestRecord:
     context: otel_context.Context | None = None  # current when vLLM took it (a server span?)
     queue: Any = None  # vLLM's RequestOutputCollector, when a generate call consumes outputs
     streaming: bool = False  # outputs stream: TTFT ends at the first chunk written
-    flush: Any = None  # the streaming response's ``flush.FirstChunk``
+    flush: FirstChunk | None = None  # the streaming response's box
     texts: dict[int, str] | None = None  # output text per choice (content capture only)
     model: str | None = None  # served model or LoRA adapter name
     state: Any = None  # vLLM's RequestState, until the request ends (``read_end``)
@@ -174,6 +173,21 @@ class Requests:
         self.settling.clear()
 
 
+class FirstChunk:
+    """One streaming response: ``armed`` once its request's first output reached the API
+    process (``RequestRecord.on_first``), ``first`` when the next body chunk was written."""
+
+    __slots__ = ("armed", "first")
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.first: float | None = None
+
+
+FLUSH: contextvars.ContextVar[FirstChunk | None] = contextvars.ContextVar("otel_ttft_flush",
+                                                                         default=None)
+"""The box of the streaming HTTP response this task writes, if any (read by ``add_request``,
+which runs in the response's task)."""
 CALLER_HEADERS: contextvars.ContextVar[Any] = contextvars.ContextVar("otel_ttft_caller",
                                                                    default=None)
 """The ``trace_headers`` of this task's latest ``AsyncLLM.add_request`` call, as the caller sent

@@ -1,9 +1,6 @@
-"""Turns one request's timestamps into stage segments that tile its server-side TTFT.
-
-Pure and vLLM-free, so the tiling rule is tested on its own. All times are ``time.monotonic()``
-seconds (host-wide, so API-process and EngineCore readings compare). Boundaries are shared between
-neighbours and clamped to be non-decreasing, so the segments sum to the TTFT exactly.
-"""
+"""One request's timestamps as stage segments that tile its server-side TTFT: pure, so the
+tiling rule is tested on its own. Boundaries are shared between neighbours and clamped to be
+non-decreasing, so the segments sum to the TTFT exactly."""
 
 from __future__ import annotations
 

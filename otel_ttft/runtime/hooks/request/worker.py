@@ -1,35 +1,24 @@
-"""Worker side of the request path: warm-up paid inside a step (a LoRA adapter loaded lazily, a
-torch.compile of something start-up did not compile), CPU steps that ran a prefill, and (with
-``graphs``) the CUDA-graph decision for a step that starts one. All of it is kept on this
-worker's part (:class:`WorkerSteps`) and handed to EngineCore one way: as one attribute
-(``payload.WORKER_NOTES_ATTR``) of the step's ``ModelRunnerOutput``, set where the worker hands
-the output back (``Worker.execute_model`` / ``sample_tokens``, or an async output's
-``get_output``); EngineCore reads it in ``Scheduler.update_from_output``, whatever the executor
-(pickled by the multiproc one, in-process with one worker). ``engine`` charges it to the
-requests that were waiting for their first token when it started.
+"""Worker side of the request path, kept on the worker's part (:class:`WorkerSteps`) and handed to
+EngineCore one way, as one attribute (``payload.WORKER_NOTES_ATTR``) of the step's
+``ModelRunnerOutput``, set where the worker hands the output back (``Worker.execute_model`` /
+``sample_tokens``, or an async output's ``get_output``); ``engine`` charges it to the requests
+that were waiting for their first token when it started:
 
-Compiles: torch's Dynamo runs its compile callbacks around every outermost compile; this part
-registers a start and an end callback (``torch._dynamo.callback.callback_handler``) at the
-worker's first step and removes them when closed (``torch._dynamo.reset()`` would drop them:
-vLLM never calls it), so start-up's compiles (before the first step)
-keep their own spans (``hooks.warmup``). Each later compile is noted with its compile id,
-whether it is a recompile (Dynamo's attempt number), whether it was vLLM's own model graph
-(inside vLLM's ``monitor_torch_compile`` bracket, which ``hooks.warmup`` hands to
-:func:`model_compile`: the request then shows ``warmup.compile``, else ``warmup.step_compile``),
-the latest step's shape, and, when shipped, what was compiled (``file:function``, from Dynamo's
-own record of its compiles, ``torch._dynamo.utils.get_compilation_metrics``).
-
-Triton: a ``@triton.jit`` kernel compiled inside a step (Model Runner V2's logprobs, its
-sampling kernels) is no Dynamo compile; Triton's own hooks time it (``kernels``), registered
-with Dynamo's, and it is noted the same way, ``compiler="triton"``.
-
-Contention: a step that runs some request's prefill on a CPU worker is timed twice, on the wall
-clock and on the worker thread's CPU clock (``time.thread_time()``), over ``Worker.execute_model``
-and the step's ``Worker.sample_tokens`` (both run on the worker's main thread). Their difference
-is time the worker wanted a CPU and had none (another process on its cores, the process stopped).
-It ships as a :class:`payload.StepTime` per step with the ids of the requests it prefilled. On a
-GPU the thread blocks on the device by design, so there the two clocks say nothing about
-contention and no step is timed. Per step with no prefill in it: two truth tests.
+- warm-up paid inside a step: a LoRA adapter loaded lazily; a torch.compile, from torch's Dynamo
+  compile callbacks (registered at the first step, so start-up's compiles keep their own spans in
+  ``hooks.warmup``), with its compile id, whether it recompiled, whether it was vLLM's model graph
+  (inside ``monitor_torch_compile``: ``warmup.compile``, else ``warmup.step_compile``) and what
+  was compiled (Dynamo's own record, ``get_compilation_metrics``); a ``@triton.jit`` kernel
+  compiled in a step (Model Runner V2's logprobs, its sampling kernels), from Triton's own hooks
+  (``kernels``), noted the same way with ``compiler="triton"``;
+- contention: a CPU worker's step that runs some prefill, on the wall clock and the thread's CPU
+  clock (their difference is time it wanted a CPU and had none) and its run-queue delay, with the
+  worker's major faults, the host's steal time and its cgroup's throttling since its previous
+  timed step (``hostwait``: why a step began late, when EngineCore's hand-off stamps in
+  ``engine`` show that it did); on a GPU the thread blocks on the device by design, so no step
+  is timed;
+- on a GPU with CUDA graphs captured, the graph decision for a step that starts a prefill
+  (``graphs``).
 """
 
 from __future__ import annotations
@@ -39,11 +28,12 @@ import contextvars
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
+from otel_ttft.runtime.hooks.request.hostwait import HostClock, HostReading
 from otel_ttft.runtime.hooks.request.kernels import TritonCompiles
 from otel_ttft.runtime.hooks.request.payload import (
     WORKER_NOTES_ATTR,
@@ -84,17 +74,6 @@ class _Compiling:
     model_graph: bool
 
 
-@dataclass(slots=True)
-class _OpenStep:
-    start: float
-    end: float = 0.0
-    wall: float = 0.0
-    cpu: float = 0.0
-    queued: float = 0.0
-    queued_before: float = 0.0
-    request_ids: list[str] = field(default_factory=list)
-
-
 def _frames() -> dict[str, str]:
     """compile id -> ``file:function`` for Dynamo's latest compiles (its own bounded record)."""
     try:
@@ -119,10 +98,12 @@ class WorkerSteps:
         self.graph_step: Any = None  # the SchedulerOutput ``graph_pending`` belongs to
         self.compiling: _Compiling | None = None
         self.prefilling: dict[str, int] = {}  # request id -> prompt tokens still to compute
-        self.open: _OpenStep | None = None  # the step whose sample_tokens is still to come
+        self.open: PrefillStep | None = None  # the timed step whose sample_tokens is to come
         self.cpu_worker: bool | None = None  # the worker's device is a CPU (None: not known)
         self.run_queue = RunQueueClock(with_io_threads=True)  # the worker's (and wake-up's) wait
         self.queued_last: float | None = None  # its run-queue reading at the latest step
+        self.host = HostClock()  # faults, steal, throttling: why a step began late
+        self.host_last: HostReading | None = None
         self.callbacks: Any = None  # Dynamo's handler while registered (False: tried, or closed)
         self.triton = TritonCompiles(self._kernel_compiled)  # Triton's JIT hooks, at first step
         self.closed = False
@@ -137,6 +118,7 @@ class WorkerSteps:
             with contextlib.suppress(ValueError):
                 handler.remove_end_callback(self._compile_ended)
         self.run_queue.close()
+        self.host.close()
         self.graph_pending = self.graph_step = self.graph_shipped = None
         self.notes.clear()
         self.steps.clear()
@@ -274,9 +256,7 @@ class WorkerSteps:
     def close_step(self) -> None:
         step, self.open = self.open, None
         if step is not None:
-            self.steps.append(PrefillStep(StepTime(step.start, step.end, step.wall, step.cpu,
-                                                   step.queued, step.queued_before),
-                                          step.request_ids))
+            self.steps.append(step)
             del self.steps[:-256]
 
     def is_cpu_worker(self, worker: Any) -> bool:
@@ -285,8 +265,7 @@ class WorkerSteps:
             self.cpu_worker = getattr(device, "type", None) == "cpu"
         return self.cpu_worker
 
-    def timed(self, call: Callable[..., Any], args: tuple, kwargs: dict,
-              step: _OpenStep) -> Any:
+    def timed(self, call: Callable[..., Any], args: tuple, kwargs: dict, step: StepTime) -> Any:
         wall, cpu, queued = time.monotonic(), time.thread_time(), self.run_queue.seconds()
         try:
             return call(*args, **kwargs)
@@ -298,6 +277,16 @@ class WorkerSteps:
                 self.queued_last = self.run_queue.seconds()
                 if self.queued_last is not None:
                     step.queued += self.queued_last - queued
+
+    def host_since_last(self) -> HostReading:
+        """Major faults, steal and throttling since the previous timed step (the first: none)."""
+        now = self.host.read()
+        last, self.host_last = self.host_last, now
+        if last is None:
+            return HostReading()
+        return HostReading(max(0, now.major_faults - last.major_faults),
+                           max(0.0, now.steal_s - last.steal_s),
+                           max(0.0, now.throttled_s - last.throttled_s))
 
     def queued_since_last(self) -> float:
         """The worker thread's run-queue wait since its previous step began or ended (waking up
@@ -345,8 +334,11 @@ def wrap_execute_model(part: WorkerSteps, call: Callable[..., Any], instance: An
     ids = part._prefill_ids(scheduler_output)
     if not ids:
         return part.attach(call(*args, **kwargs))
-    step = _OpenStep(time.monotonic(), queued_before=before, request_ids=ids)
-    output = part.timed(call, args, kwargs, step)
+    host = part.host_since_last()
+    step = PrefillStep(StepTime(time.monotonic(), 0.0, 0.0, 0.0, queued_before=before,
+                                major_faults=host.major_faults, steal=host.steal_s,
+                                throttled=host.throttled_s), ids)
+    output = part.timed(call, args, kwargs, step.time)
     part.open = step
     if output is not None:  # the step's output is here: no sample_tokens call follows
         part.close_step()
@@ -361,7 +353,7 @@ def wrap_sample_tokens(part: WorkerSteps, call: Callable[..., Any], instance: An
     if step is None:
         return part.attach(call(*args, **kwargs))
     try:
-        output = part.timed(call, args, kwargs, step)
+        output = part.timed(call, args, kwargs, step.time)
     finally:
         part.close_step()
     return part.attach(output)
