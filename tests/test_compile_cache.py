@@ -111,3 +111,15 @@ def test_disabled_by_vllm_setting(tmp_path):
     state = cc.inspect(tmp_path, environ={"VLLM_DISABLE_COMPILE_CACHE": "1"},
                        mounts=hs.parse_mountinfo(HOST), hints=[])
     assert state.disabled
+
+
+def test_doctor_says_what_the_next_start_will_find(tmp_path):
+    from otel_ttft.tools import doctor
+
+    lines = doctor._render_compile_cache(  # noqa: SLF001 - the report's own renderer
+        _inspect(tmp_path, DOCKER, ["/.dockerenv"]).summary())
+    assert lines[0].endswith("torch_compile_cache: no compile cache yet")
+    assert "WARNING" in lines[1] and "volume" in lines[1]
+    _aot(tmp_path)
+    (line,) = doctor._render_compile_cache(_inspect(tmp_path).summary())  # noqa: SLF001
+    assert line.endswith("artifacts under 1 key(s)")

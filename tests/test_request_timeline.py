@@ -130,7 +130,7 @@ def test_engine_payload_round_trip():
                                   [1.0, 2.0, 1.0], "x"])
 def test_engine_payload_refuses_a_step_it_cannot_read(step):
     value = json.loads(payload.encode(EnginePayload(1.0, 0, 0, 1, 2)).replace("NaN", "0"))
-    value[-3] = [step]
+    value[10] = [step]  # the steps (the wire's order: payload.encode)
     assert payload.decode(json.dumps(value).replace("nan", "NaN")) is None
 
 
@@ -138,7 +138,7 @@ def test_engine_payload_refuses_a_step_it_cannot_read(step):
                                   "x"])
 def test_engine_payload_refuses_an_engine_wait_it_cannot_read(wait):
     value = json.loads(payload.encode(EnginePayload(1.0, 0, 0, 1, 2)))
-    value[-2] = [wait]
+    value[11] = [wait]
     assert payload.decode(json.dumps(value)) is None
 
 
@@ -148,7 +148,7 @@ def test_engine_payload_refuses_an_engine_wait_it_cannot_read(wait):
                                       [1.0, 2.0, "f.py:f", "0/0", False, False, 1]])
 def test_engine_payload_refuses_a_compile_it_cannot_read(compiled):
     value = json.loads(payload.encode(EnginePayload(1.0, 0, 0, 1, 2)))
-    value[-4] = [compiled]
+    value[9] = [compiled]
     assert payload.decode(json.dumps(value)) is None
 
 
@@ -255,3 +255,10 @@ def test_request_without_a_caller_is_a_root_server_span(telemetry):
     (req,) = [s for s in exporter.get_finished_spans() if s.name == semconv.SPAN_REQUEST]
     assert req.parent is None
     assert req.kind.name == "SERVER"
+
+
+@pytest.mark.parametrize("prefix", [[0, "AAAAAAAAAAA="], [128, "AAAA"], "x", [128]])
+def test_engine_payload_refuses_block_digests_it_cannot_read(prefix):
+    value = json.loads(payload.encode(EnginePayload(1.0, 0, 0, 1, 2)))
+    value[13] = prefix  # no tokens per block, not whole 8-byte digests, not a pair
+    assert payload.decode(json.dumps(value)) is None

@@ -8,6 +8,8 @@ machine alike the planted step outweighs the three processes' imports, as a larg
   longer than it did, every time: the tiny model's compile made as heavy as a large model's. A
   kept cache helps it exactly as much as it helps the real one (with torch 2.13 the FX graph
   cache never hits across processes, the kernels' code cache does: codegen 24 s -> 8.5 s here).
+- ``read``: vLLM's safetensors iterator, after the first tensor of its first shard, sleeps FACTOR
+  times the process's age (inside that shard's read span): a checkpoint read from slow storage.
 - ``rank1_load``: in the worker of rank 1 only (vLLM names its process ``VllmWorker-1``), vLLM's
   weight loading (``DefaultModelLoader.get_all_weights``, inside its "Load weights" span) sleeps
   FACTOR times the process's age first: one rank whose checkpoint reads were slow.
@@ -75,6 +77,33 @@ def register():
     if not getattr(cfx, "_ttft_test_planted", False):
         cfx._ttft_test_planted = True
         cfx.fx_codegen_and_compile = _heavier(cfx.fx_codegen_and_compile)
+''',
+    "read": _COMMON + '''
+
+def _slow_iterator(inner):
+    factor = float(os.environ["TTFT_TEST_FACTOR"])
+    done = []
+
+    def slow(*args, **kwargs):
+        for item in inner(*args, **kwargs):
+            if not done:
+                done.append(True)
+                time.sleep(factor * _age())
+            yield item
+    return slow
+
+
+def register():
+    try:
+        from vllm.model_executor.model_loader import default_loader
+    except ImportError:
+        return
+    if not getattr(default_loader, "_ttft_test_planted", False):
+        # the default loader's own name for it (what otel-ttft's shard hook wraps too): wrapped,
+        # never replaced, whichever of the two comes first
+        default_loader._ttft_test_planted = True
+        default_loader.safetensors_weights_iterator = _slow_iterator(
+            default_loader.safetensors_weights_iterator)
 ''',
     "profile": _COMMON + '''
 

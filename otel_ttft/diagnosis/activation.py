@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from otel_ttft import semconv
-from otel_ttft.diagnosis import change, prefix, ranks, rule
+from otel_ttft.diagnosis import change, cold_prefix, compile_fix, prefix, ranks, rule
 from otel_ttft.diagnosis.record import (  # noqa: F401 - the record's shape, named here too
     FACT_ATTRIBUTES,
     Interval,
@@ -122,9 +122,13 @@ def judge(current: dict, earlier: Sequence[dict], *, phase: str = semconv.VERDIC
         "change": [], "change_summary": "", "verdict": None,
         "top_stages": _top(current, phase), "evidence": dict(current.get("evidence") or {}),
         "rank_gate": rank_gate(current)}
+    # measured against the warm requests before this start (the runtime's prefix baseline)
+    found = cold_prefix.finding(current) if cold else None
     if not base:
         out.update(outcome=semconv.VERDICT_NO_BASELINE, baseline=BASELINE_NONE,
                    baseline_s=None, last_s=None, best_s=None)
+        if found:
+            cold_prefix.name_it(out, found, vocab)
         out["summary"] = sentence(out)
         return out
     rows = [as_row(r, phase) for r in base]
@@ -132,7 +136,9 @@ def judge(current: dict, earlier: Sequence[dict], *, phase: str = semconv.VERDIC
     thin = len(base) < rule.MIN_BASELINE_N
     # cold requests' prefill of prompt tokens the earlier activations' cold requests read from
     # the prefix cache: named as the uncached prefix, as ``analyze`` names it
-    (now,) = prefix.split([as_row(current, phase)], rows) if cold else [as_row(current, phase)]
+    measured = "uncached_prefix_tokens" in (current.get("cold") or {})
+    (now,) = (prefix.split([as_row(current, phase)], rows) if cold and not measured
+              else [as_row(current, phase)])
     for key in ("cached_tokens", "uncached_prefix_tokens", "baseline_cached_share"):
         if key in now["evidence"]:  # what the cold requests read from the prefix cache
             out["evidence"][f"cold_{key}"] = now["evidence"][key]
@@ -147,7 +153,11 @@ def judge(current: dict, earlier: Sequence[dict], *, phase: str = semconv.VERDIC
             ActivationFacts(current.get("model"), dict(current.get("facts") or {}),
                             int((current.get("evidence") or {}).get("bytes_read") or 0))],
             vocab, vocab_error)
-        first = next((c for c in proposal["candidates"] if not c["missing"]), None)
+        usable = [c for c in proposal["candidates"] if not c["missing"]]
+        # a server's own start: a change it can make (flags, environment, a command) before a
+        # replay driver's (resident, sleep), which a start has no driver for
+        concrete = [c for c in usable if not c.get("driver")] or usable
+        first = concrete[0] if concrete else None
         sub = v["substage"]
         if sub and sub != v["stage"]:
             out["substage_increase_s"] = round(now["substages"].get(sub, 0.0) - rule.median(
@@ -155,8 +165,31 @@ def judge(current: dict, earlier: Sequence[dict], *, phase: str = semconv.VERDIC
         out.update(stage=v["stage"], substage=v["substage"], increase_s=v["delta_s"],
                    recommendation=fix, fix=advice, change_summary=proposal.get("summary", ""),
                    change=_knobs(first) if first else [])
+        if first is not None and not out["change"] and first["side"] != change.SIDE_CLIENT:
+            out["fix"] = first["reason"]  # a command, not a flag: its words are the fix
+        out["alternatives"] = _alternatives(proposal["candidates"], first, vocab)
+    if found:
+        cold_prefix.name_it(out, found, vocab)
+    lost = compile_fix.finding(current, len(base), vocab)
+    if lost and out.get("substage") != semconv.STAGE_WARMUP_COMPILE:  # else the change says it
+        out["compile_cache"] = lost
     out["summary"] = sentence(out)
     return out
+
+
+def _alternatives(candidates: list[dict], first: dict | None, vocab: Vocabulary | None,
+                  n: int = 3) -> list[str]:
+    """The other server-side changes in the installed vLLM's words, with the package a loader
+    needs where it is not known to be installed (a flag this vLLM lacks is never offered)."""
+    out = []
+    for c in candidates:
+        knobs = _knobs(c)
+        packages = vocab.loader_packages if vocab is not None else {}
+        lacks = [m for m in c["missing"] if m in packages]
+        if c is first or not knobs or c.get("driver") or len(lacks) != len(c["missing"]):
+            continue
+        out.append(" ".join(knobs) + (f" (needs {', '.join(lacks)} installed)" if lacks else ""))
+    return out[:n]
 
 
 def rank_gate(record: dict) -> dict | None:
@@ -201,6 +234,9 @@ def _sentence(j: dict) -> str:
     what = f"this {kind}" + (f" of {j['model']}" if j.get("model") else "")
     until = " to its cold requests' first tokens" if j["phase"] == _PHASES[1] else ""
     head = f"otel-ttft: {what} took {s(j['duration_s'])}{until}"
+    prefix_words = cold_prefix.sentence(j, head)
+    if prefix_words is not None:
+        return prefix_words
     if j["outcome"] == semconv.VERDICT_NO_BASELINE:
         measured = ", ".join(f"{k} {s(v)}" for k, v in j.get("top_stages") or [])
         return (f"{head}; no baseline yet: the first {kind} of this model and configuration on "
@@ -211,8 +247,10 @@ def _sentence(j: dict) -> str:
              f"{s(j['baseline_s'])}, best {s(j['best_s'])})")
     thin = (f"; thin baseline ({j['baseline_count']} earlier), judged by the alert thresholds"
             if j["baseline"] == BASELINE_THIN else "")
+    compiled = (f"; the compile missed: {j['compile_cache']['what']}; "
+                f"{j['compile_cache']['fix']}" if j.get("compile_cache") else "")
     if j["outcome"] != rule.EXPANDED:
-        return head + "; no stage grew beyond the noise" + thin
+        return head + "; no stage grew beyond the noise" + thin + compiled
     where = f"{j['stage']} +{s(j['increase_s'])}"
     if j.get("substage_increase_s") is not None:
         where = f"{j['substage']} +{s(j['substage_increase_s'])} ({where} in all)"
@@ -220,5 +258,8 @@ def _sentence(j: dict) -> str:
     why = ""
     if j["change"] and j.get("change_summary"):
         why = j["change_summary"].partition(": ")[2]
+    if j.get("alternatives"):
+        fix += "; or " + "; or ".join(j["alternatives"])
     return (f"{head}; earliest stage that grew: {where}{_cause(j)}; "
-            f"{j['recommendation']}: {fix}" + (f" ({why})" if why else "") + thin)
+            f"{j['recommendation']}: {fix}" + (f" ({why})" if why else "") + thin
+            + cold_prefix.also(j) + compiled)

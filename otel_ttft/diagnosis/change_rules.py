@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 
 from otel_ttft import semconv
+from otel_ttft.diagnosis import compile_fix
 from otel_ttft.diagnosis.change_evidence import (
     CHAT_ROUTE,
     FILL_CACHE,
@@ -70,12 +72,18 @@ def _compile_cache(b: Builder) -> None:
         env["TORCHINDUCTOR_CACHE_DIR"] = f"{root}/inductor"
     hit = ev.verdict.get("evidence", {}).get("compile_cache_hit")
     where = ev.own.get("compile_cache_dir")
+    # the live verdict read the cache before the start compiled: say what happened to it
+    seen = compile_fix.explain(ev.own.get("compile_cache"), vocab, earlier_start=True)
+    if seen is not None:
+        root = ev.own["compile_cache"].get("root") or root
+        env = {"VLLM_CACHE_ROOT": root}
     b.add("compile-cache",
           f"torch.compile took {ev.p50(semconv.STAGE_WARMUP_COMPILE):.1f} s and "
           f"{'missed' if hit is False else 'did not hit'} the cache"
-          + (f" ({where}: this start's own)" if where else "")
-          + "; a durable cache kept across starts and switches lets the next start load what "
-            "an earlier one compiled (one start fills it)",
+          + (f": {seen[0]}; {seen[1]}" if seen is not None else
+             (f" ({where}: this start's own)" if where else "")
+             + "; a durable cache kept across starts and switches lets the next start load "
+               "what an earlier one compiled (one start fills it)"),
           env=env, durable=list(env), prepare=FILL_CACHE, stage=semconv.STAGE_WARMUP_COMPILE)
 
 
@@ -169,10 +177,37 @@ def _lora_slots(b: Builder) -> None:
           args=["--max-loras", str(slots), "--max-cpu-loras", str(slots)])
 
 
+_PAGE_CACHE_COLD = 0.5  # below this share resident before the read, the read came from storage
+_SHOWN_FILES = 8  # checkpoint files named in a command (the rest counted)
+
+
+def _page_cache(b: Builder, ratio: float | None) -> None:
+    """The checkpoint came from storage: read its exact files into the page cache before the
+    start, with the figures that chose it."""
+    ev = b.ev
+    files = [f for f in ev.own.get("shard_paths") or [] if isinstance(f, str)]
+    if ratio is None or ratio >= _PAGE_CACHE_COLD or not files:
+        return
+    seconds = ev.p50(semconv.STAGE_LOAD_READ)
+    size = ev.own.get("bytes_read") or 0
+    per_s = size / seconds if size and seconds > 0 else 0.0
+    rate = (f" at {per_s / 1e9:.2f} GB/s" if per_s >= 1e8 else
+            f" at {per_s / 1e6:.2f} MB/s" if per_s else "")
+    shown = " ".join(shlex.quote(f) for f in files[:_SHOWN_FILES])
+    more = f" (and {len(files) - _SHOWN_FILES} more files)" if len(files) > _SHOWN_FILES else ""
+    b.add("page-cache-warm",
+          f"the checkpoint was {ratio:.0%} in the page cache before its read and "
+          f"{_gib(size) if size else 'its bytes'} came from storage{rate} in "
+          f"{seconds:.1f} s: read its files into the page cache before the start "
+          f"(vmtouch -t {shown}, or cat {shown} > /dev/null){more}; or faster storage for "
+          f"the model directory", side=SIDE_DRIVER, models=[], stage=semconv.STAGE_LOAD_READ)
+
+
 def _loader(b: Builder) -> None:
     ev, vocab = b.ev, b.ev.vocab
     ratio = ev.verdict.get("evidence", {}).get("page_cache_resident_ratio_p50")
     cold = f" (page cache {ratio:.0%} resident before the read)" if ratio is not None else ""
+    _page_cache(b, ratio)
     strategy = vocab.choices("--safetensors-load-strategy") if vocab else ()
     if "prefetch" in strategy and ev.template_value("safetensors_load_strategy") != "prefetch":
         b.add("prefetch", f"checkpoint reads took {ev.p50(semconv.STAGE_LOAD_READ):.1f} s"
@@ -188,6 +223,12 @@ def _loader(b: Builder) -> None:
                       args=["--load-format", fmt], stage=semconv.STAGE_LOAD_READ)
             if not installed:
                 c["missing"].append(package)
+    if ratio is None:  # nothing says whether it came from storage or from memory
+        b.add("measure-read", f"checkpoint reads took {ev.p50(semconv.STAGE_LOAD_READ):.1f} s, "
+              "and no page-cache residency was measured for its shards: the measurement that "
+              "decides between the page cache, the loader and the storage is the shard spans' "
+              "residency before the read (otel-ttft doctor: which --load-format has per-shard "
+              "spans)", side=SIDE_DRIVER, models=[], stage=semconv.STAGE_LOAD_READ)
 
 
 def _tune_admission(b: Builder) -> None:

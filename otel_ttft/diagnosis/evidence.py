@@ -154,3 +154,25 @@ def correlation_note(stage: str, rows: list[dict], base_rows: list[dict], eviden
                 f"requests waiting at arrival ({waiting:g}) grew: nothing measured tracks TTFT"]
     return [f"the model was resident and warm: TTFT tracks {' and '.join(tracks)}; a model "
             f"switch here is only correlated, {stage} is the direct cause"]
+
+
+CACHE_SHARE_DROP = 0.10  # of the prompt: a fall in the cached share worth naming
+PROMPT_GROWTH = 1.10  # prompts this much longer than the baseline's are a longer context
+
+
+def cached_share_fell(rows: list[dict], base_rows: list[dict]) -> bool:
+    """Whether these requests read a smaller share of their prompt tokens from vLLM's prefix
+    cache than the baseline's (all their prompt tokens together, as vLLM's own hit rate counts
+    them; by ``CACHE_SHARE_DROP``) with prompts no longer on average (``PROMPT_GROWTH``): their
+    extra prefill is the cache's, not the context's."""
+    def share(rs: list[dict]) -> tuple[float, float] | None:
+        prompt = cached = n = 0
+        for r in rs:
+            t, c = r.get("prompt_tokens"), (r.get("evidence") or {}).get("cached_tokens")
+            if isinstance(t, int) and t > 0 and isinstance(c, int) and c >= 0:
+                prompt, cached, n = prompt + t, cached + min(c, t), n + 1
+        return (cached / prompt, prompt / n) if n else None
+    now, base = share(rows), share(base_rows)
+    if now is None or base is None:
+        return False
+    return now[0] <= base[0] - CACHE_SHARE_DROP and now[1] <= PROMPT_GROWTH * base[1]

@@ -417,6 +417,10 @@ def _largest_substage(stage: str, rows: list[dict], base_rows: list[dict]) -> st
             if semconv.stage_family(k) == stage}
     if not keys:
         return None
+    uncached = semconv.STAGE_PREFILL_UNCACHED_PREFIX
+    if uncached in keys and _grew(uncached, rows, base_rows) > 0 \
+            and ev.cached_share_fell(rows, base_rows):
+        return uncached  # prompts no longer, the cache colder: not the context's length
     return max(sorted(keys), key=lambda key: _grew(key, rows, base_rows))
 
 

@@ -58,38 +58,52 @@ class Loaded:
     ours: bool = True
 
 
-def load(path: Path) -> Loaded:
-    """The records at ``path``; never raises, never blocks on a FIFO or device."""
+def read_document(path: Path, fmt: str, version: int, max_bytes: int = MAX_BYTES
+                  ) -> tuple[dict | None, str | None, bool]:
+    """``(document, problem, ours)``: the JSON object at ``path`` if it is a ``fmt`` file of
+    ``version`` (else ``None`` and why; ``None`` and no problem for a missing file). Never
+    raises, never blocks on a FIFO or device, reads at most ``max_bytes``."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
-        return Loaded()
+        return None, None, True
     except OSError as exc:
-        return Loaded(problem=f"cannot open {path}: {exc.strerror or exc}", ours=False)
+        return None, f"cannot open {path}: {exc.strerror or exc}", False
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            return Loaded(problem=f"{path} is not a regular file", ours=False)
+            return None, f"{path} is not a regular file", False
         with os.fdopen(os.dup(fd), "rb") as f:
             head = f.read(_HEAD)
-            ours = FORMAT.encode() in head
-            if st.st_size > MAX_BYTES:
-                return Loaded(problem=f"{path} is larger than {MAX_BYTES} bytes", ours=ours)
-            raw = head + f.read(MAX_BYTES + 1 - len(head))
+            ours = fmt.encode() in head
+            if st.st_size > max_bytes:
+                return None, f"{path} is larger than {max_bytes} bytes", ours
+            raw = head + f.read(max_bytes + 1 - len(head))
     except OSError as exc:
-        return Loaded(problem=f"cannot read {path}: {exc.strerror or exc}", ours=False)
+        return None, f"cannot read {path}: {exc.strerror or exc}", False
     finally:
         os.close(fd)
-    if len(raw) > MAX_BYTES:
-        return Loaded(problem=f"{path} is larger than {MAX_BYTES} bytes", ours=ours)
+    if len(raw) > max_bytes:
+        return None, f"{path} is larger than {max_bytes} bytes", ours
     try:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError, RecursionError):
-        return Loaded(problem=f"{path} is not valid JSON" + ("" if ours else " (not ours)"),
-                      ours=ours)
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        return Loaded(problem=f"{path} is not an otel-ttft activation history", ours=False)
-    if data.get("version") != VERSION or not isinstance(data.get("records"), list):
+        return None, f"{path} is not valid JSON" + ("" if ours else " (not ours)"), ours
+    if not isinstance(data, dict) or data.get("format") != fmt:
+        return None, f"{path} is not an {fmt} file", False
+    if data.get("version") != version:
+        return None, f"{path}: unknown version {data.get('version')!r}", True
+    return data, None, True
+
+
+def load(path: Path) -> Loaded:
+    """The records at ``path``; never raises, never blocks on a FIFO or device."""
+    data, problem, ours = read_document(path, FORMAT, VERSION)
+    if data is None:
+        if problem and problem.endswith(f"is not an {FORMAT} file"):
+            problem = f"{path} is not an otel-ttft activation history"
+        return Loaded(problem=problem, ours=ours)
+    if not isinstance(data.get("records"), list):
         return Loaded(problem=f"{path}: unknown history version {data.get('version')!r}")
     return Loaded(records=[r for r in data["records"] if valid_record(r)])
 
@@ -101,7 +115,7 @@ def save(path: Path, record: dict) -> str | None:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         return f"cannot create {path.parent}: {exc.strerror or exc}"
-    with _locked(path.with_name(path.name + ".lock")) as problem:
+    with locked(path.with_name(path.name + ".lock")) as problem:
         if problem:
             return problem
         current = load(path)
@@ -129,6 +143,11 @@ def _write(path: Path, records: list[dict]) -> str | None:
         if len(text) <= MAX_BYTES or not records:
             break
         records = records[1:]  # oldest first out
+    return write_text(path, text)
+
+
+def write_text(path: Path, text: str) -> str | None:
+    """``text`` replaces ``path`` whole (temporary file, fsync, rename); ``None`` or why not."""
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -146,7 +165,7 @@ def _write(path: Path, records: list[dict]) -> str | None:
 
 
 @contextlib.contextmanager
-def _locked(lock_path: Path):
+def locked(lock_path: Path):
     """Yields ``None`` with the lock held, or why it could not be taken."""
     try:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK

@@ -119,6 +119,16 @@ ATTR_ENGINE_QUEUED_SECONDS = "ttft.engine.queued.seconds"
 #: within the steps that ran this prefill and in the gap before each (waking up for the step: a
 #: second vLLM server spinning on the same core holds it there)
 ATTR_STEP_QUEUED_SECONDS = "ttft.step.queued.seconds"
+#: one child span of Prefill on a request after an activation whose prompt began with a prefix
+#: the warm requests before the activation had found in vLLM's prefix cache, and that this request
+#: computed (prefill.uncached_prefix): the prefill of those tokens, at the start of the prefill
+#: (prefill time taken as linear in the tokens computed)
+SPAN_PREFILL_UNCACHED_PREFIX = "Prefill of uncached prefix"
+#: on the request (and its Prefill of uncached prefix span): prompt tokens whose prefix the warm
+#: requests before the activation had found in vLLM's prefix cache, and this request computed
+ATTR_REQUEST_UNCACHED_PREFIX_TOKENS = "ttft.request.uncached_prefix.tokens"
+#: s, on the request: the prefill of those tokens (prefill.uncached_prefix)
+ATTR_REQUEST_UNCACHED_PREFIX_SECONDS = "ttft.request.uncached_prefix.seconds"
 #: s, on Prefill wait: EngineCore handed the step over -> its worker began it, plus the worker's
 #: output left -> EngineCore had it, beyond what the step's own readings explain (both sides
 #: stamp the host-wide monotonic clock): a worker not runnable at all (stopped, frozen, paged in)

@@ -7,7 +7,8 @@ the model runner vLLM would build (on this host, or on the platform ``--device``
 names), under the environment (``--env``) and serve arguments (after ``--``) given, and which
 start-up stages are measured on that runner; hooks on runners that will not run are "idle".
 Last, where the live verdict keeps its history of earlier starts, with a WARNING when that is a
-file system the container loses (its writable layer, a tmpfs) and the fix.
+file system the container loses (its writable layer, a tmpfs) and the fix, and what vLLM's
+compile cache holds (what the next start's compile will find), with the same warning.
 
 Exit 0 when at least one hook can instrument vLLM, 1 when nothing can (no vLLM, an unsupported
 version with every target moved), so a deploy script can gate on it; 2 when the arguments given
@@ -29,7 +30,7 @@ from packaging.requirements import Requirement
 from packaging.version import InvalidVersion, Version
 
 from otel_ttft.diagnosis import vocabulary_store
-from otel_ttft.runtime import history_storage
+from otel_ttft.runtime import compile_cache, history_storage
 from otel_ttft.runtime.hooks import all_hooks
 from otel_ttft.runtime.hooks.registry import resolve
 from otel_ttft.runtime.vllm_version import SUPPORTED, installed_vllm, is_supported
@@ -180,6 +181,7 @@ def collect(device: str | None = None, serve_args: list[str] | None = None) -> d
                    "endpoint_reachable": _reachable(endpoint)},
         "verdict_history": _verdict_history(),
         "vllm_otlp_traces_endpoint": _vllm_endpoint(list(serve_args or [])),
+        "compile_cache": _compile_cache(),
     }
 
 
@@ -250,7 +252,35 @@ def render(report: dict[str, Any]) -> str:
                  f"({reach})")
     lines.extend(_render_vllm_endpoint(report.get("vllm_otlp_traces_endpoint")))
     lines.extend(_render_verdict_history(report.get("verdict_history")))
+    lines.extend(_render_compile_cache(report.get("compile_cache")))
     return "\n".join(lines)
+
+
+def _compile_cache() -> dict[str, Any] | None:
+    """What vLLM's compile cache holds now (keys with artifacts), and whether it outlives a
+    restart: what the next start's compile will find."""
+    try:
+        root, _source = history_storage.vllm_cache_root(os.environ)
+        return compile_cache.inspect(root).summary()
+    except Exception as exc:  # noqa: BLE001 - a report line, never doctor's crash
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def _render_compile_cache(cache: dict[str, Any] | None) -> list[str]:
+    if not cache:
+        return []
+    if "error" in cache:
+        return [f"compile cache: not checked ({cache['error']})"]
+    state = {"missing": "no compile cache yet", "empty": "empty (no artifacts under any key)"
+             }.get(cache["state"], f"artifacts under {cache['keys_with_artifacts']} key(s)")
+    lines = [f"compile cache: {cache['root']}/torch_compile_cache: {state}"
+             + (" (listing truncated)" if cache["truncated"] else "")]
+    if cache["disabled"]:
+        lines.append("  WARNING VLLM_DISABLE_COMPILE_CACHE is set: every start compiles")
+    if cache["kept"] is False:
+        lines.append(f"  WARNING {cache['kept_why']}: every fresh start compiles again; keep "
+                     "VLLM_CACHE_ROOT on a volume")
+    return lines
 
 
 def _verdict_history() -> dict[str, Any] | None:

@@ -24,6 +24,7 @@ from otel_ttft.diagnosis.ranks import RankedInterval
 from otel_ttft.diagnosis.record import FACT_ATTRIBUTES, Interval
 from otel_ttft.runtime import activation_history, state_files
 
+MAX_SHARD_PATHS = 64  # checkpoint files named per activation (a fix's command lists them)
 MAX_SPANS = 512  # per activation and process: shard reads of a large checkpoint, merged
 MAX_TRACES = 4  # activations kept per process (a start, a few wake-ups)
 WRITE_EVERY_S = 0.05  # coalescing of the writer thread
@@ -47,9 +48,11 @@ class _Entry:
         self.resident_weight = 0
         self.compile_hits: list[bool] = []
         self.facts: dict[str, Any] = {}
+        self.shard_paths: list[str] = []  # the checkpoint files read (page-cache warming)
 
     def as_json(self) -> dict:
         return {"spans": self.spans, "shard_bytes": self.shard_bytes,
+                "shard_paths": self.shard_paths,
                 "resident_weighted": self.resident_weighted,
                 "resident_weight": self.resident_weight, "compile_hits": self.compile_hits,
                 "facts": self.facts}
@@ -137,6 +140,10 @@ def _add(entry: _Entry, start: int, end: int, stage: str, attrs: Any) -> None:
         size = attrs.get(semconv.ATTR_SHARD_BYTES)
         size = size if isinstance(size, int) and size > 0 else 0
         entry.shard_bytes += size
+        path = attrs.get(semconv.ATTR_SHARD_PATH)
+        if isinstance(path, str) and path and len(entry.shard_paths) < MAX_SHARD_PATHS \
+                and path not in entry.shard_paths:
+            entry.shard_paths.append(path[:4096])
         ratio = attrs.get(semconv.ATTR_PAGE_CACHE_RESIDENT)
         if isinstance(ratio, (int, float)) and 0 <= ratio <= 1:
             entry.resident_weighted += float(ratio) * max(size, 1)
@@ -183,7 +190,7 @@ def gather(trace_hex: str) -> dict:
             continue
         parts.append(state_files.read_json(path))
     out: dict[str, Any] = {"intervals": [], "ranked": [], "shard_bytes": 0, "compile_hits": [],
-                           "facts": {}}
+                           "facts": {}, "shard_paths": []}
     weighted = weight = 0.0
     for part in parts:
         if not isinstance(part, dict):
@@ -200,6 +207,10 @@ def gather(trace_hex: str) -> dict:
         weighted += _number(part.get("resident_weighted"))
         weight += _number(part.get("resident_weight"))
         out["compile_hits"] += [h for h in part.get("compile_hits") or [] if isinstance(h, bool)]
+        paths = part.get("shard_paths")
+        out["shard_paths"] += [p for p in (paths if isinstance(paths, list) else ())
+                               if isinstance(p, str) and p not in out["shard_paths"]]
+        del out["shard_paths"][MAX_SHARD_PATHS:]
         facts = part.get("facts")
         for name, value in (facts.items() if isinstance(facts, dict) else ()):
             if name in FACT_ATTRIBUTES and name not in out["facts"]:

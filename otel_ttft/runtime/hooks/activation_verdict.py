@@ -16,7 +16,6 @@ disk; the verdict says so).
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import threading
@@ -30,27 +29,20 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from otel_ttft import semconv
 from otel_ttft.runtime import activation_history as history
-from otel_ttft.runtime import clock, environment_variables, history_storage
+from otel_ttft.runtime import (
+    clock,
+    compile_cache,
+    environment_variables,
+    history_storage,
+    prefix_memory,
+)
 from otel_ttft.runtime.hooks import activation_ledger as ledger
+from otel_ttft.runtime.hooks import verdict_report
+from otel_ttft.runtime.hooks.verdict_report import config_summary  # noqa: F401
 from otel_ttft.runtime.hooks.verdict_words import _report, attributes
-from otel_ttft.runtime.telemetry import metrics, spans
+from otel_ttft.runtime.telemetry import bounded_export, metrics, spans
 
-# vLLM's own logger tree, so the verdict prints in the server's log as its lines do
-logger = logging.getLogger("vllm.otel_ttft")
-
-# Arguments that change what a start does (and so what it is compared with); the cache
-# directories are left out on purpose: a changed cache is a cause to find, not a new baseline.
-_KEY_FIELDS = {
-    "model_config": ("model", "revision", "dtype", "max_model_len", "quantization",
-                     "enforce_eager", "tokenizer"),
-    "parallel_config": ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"),
-    "cache_config": ("block_size", "cache_dtype", "kv_cache_memory_bytes"),
-    "scheduler_config": ("max_num_seqs", "max_num_batched_tokens"),
-    "load_config": ("load_format",),
-    "compilation_config": ("mode", "cudagraph_mode"),
-    "device_config": ("device_type",),
-}
-
+logger = verdict_report.logger
 
 #: how long the verdict's thread waits for the history read begun at ``note_config``
 _HISTORY_WAIT_S = 30.0
@@ -82,6 +74,10 @@ class _Judged:
     cold_cached_tokens: int = 0
     #: the first request's TTFT and stages: what a forecast's first prefill rests on
     first: dict | None = None
+    #: prompt tokens whose prefix warm requests found cached before this start, computed again,
+    #: and which prefixes (their deepest known block): the ones worth warming
+    cold_uncached_tokens: int = 0
+    cold_prefixes: set[str] = field(default_factory=set)
     finished: bool = False
     saving: threading.Thread | None = None  # the save at ready: the one after cold waits for it
 
@@ -94,6 +90,9 @@ class _Preload:
     path: Path | None = None
     loaded: history.Loaded | None = None
     done: threading.Event = field(default_factory=threading.Event)
+    prefix: prefix_memory.PrefixMemory | None = None
+    #: the compile cache as this start found it, before it compiled
+    compile_cache: compile_cache.CompileCacheState | None = None
 
 
 PART = "verdict"
@@ -116,6 +115,9 @@ class LiveVerdict:
         self._skews: list[tuple[float, dict]] = []  # the rank-skew gauge's observations
         self._skew_feed: Any = None
         self._closed = False
+        self.prefix = prefix_memory.PrefixMemory()  # the prefix cache before this start
+        self._prefix_activation: Any = None  # the activation ``prefix.before`` stands before
+        bounded_export.before_exit_flush(self._save_prefixes)
 
     def note_config(self, vllm_config: Any) -> None:
         """The API server knows its engine config: start reading the history in a thread.
@@ -124,11 +126,20 @@ class LiveVerdict:
                 or not history.enabled()):
             return
         try:
-            summary = config_summary(vllm_config)
+            summary = verdict_report.config_summary(vllm_config)
         except Exception:  # noqa: BLE001 - a config we cannot read: no verdict, no harm
             return
-        self._preload = pre = _Preload(key=_key(summary), config=summary,
-                                       model=_served_name(vllm_config))
+        self._preload = pre = _Preload(key=verdict_report.key(summary), config=summary,
+                                       model=verdict_report.served_name(vllm_config))
+        cache = getattr(vllm_config, "cache_config", None)
+        if getattr(cache, "enable_prefix_caching", False):
+            algo = str(getattr(cache, "prefix_caching_hash_algo", "") or "")
+            self.prefix.configure(
+                verdict_report.key({"model": summary.get("model_config.model", ""), "algo": algo,
+                      "block_size": summary.get("cache_config.block_size", ""),
+                      "vllm": summary.get("vllm.version", "")}),
+                pre.model, algo, os.environ.get("PYTHONHASHSEED") is not None)
+            pre.prefix = self.prefix
         threading.Thread(target=_load, args=(pre,), name="otel-ttft-verdict-history",
                          daemon=True).start()
 
@@ -181,10 +192,35 @@ class LiveVerdict:
         finally:
             judged.done.set()
 
+    def prefix_seen(self, activation: Any, cold: bool, prompt_tokens: int | None,
+                    cached_tokens: int | None, hashes: list[bytes],
+                    tokens_per_hash: int) -> prefix_memory.Seen | None:
+        """A request EngineCore shipped its prompt's block hashes for, after the fact: what it
+        found cached joins the baseline; for a cold one, how much of its prompt had been cached
+        before its activation (``None``: not measured). After a wake-up, the baseline is what
+        this process's warm requests found before it slept."""
+        if self._closed or not prompt_tokens or cached_tokens is None:
+            return None
+        memory = self.prefix
+        if activation is not self._prefix_activation:
+            self._prefix_activation = activation
+            if getattr(activation, "kind", None) == "wake":
+                memory.rebase()
+        seen = memory.seen(hashes, tokens_per_hash, prompt_tokens) if cold else None
+        memory.found_cached(hashes, tokens_per_hash, prompt_tokens, cached_tokens)
+        return seen
+
+    def _save_prefixes(self) -> None:
+        problem = self.prefix.save()
+        if problem:
+            logger.debug("otel-ttft: prefix baseline not saved: %s", problem)
+
     def request_done(self, activation: Any, index: int, ttft_s: float | None,
                      stages: dict[str, float], warmup: Any = (), *,
                      prompt_tokens: int | None = None,
-                     cached_tokens: int | None = None) -> None:
+                     cached_tokens: int | None = None,
+                     uncached_prefix_tokens: int = 0,
+                     prefix: str | None = None) -> None:
         """A request finished (``index``: its place after its activation, 1 = first). Once
         the activation's cold requests are all done, judge it again with their warm-up
         counted, and with how much of their prompts vLLM's prefix cache held."""
@@ -206,6 +242,10 @@ class LiveVerdict:
             if prompt_tokens and cached_tokens is not None:
                 judged.cold_prompt_tokens += prompt_tokens
                 judged.cold_cached_tokens += min(cached_tokens, prompt_tokens)
+            if uncached_prefix_tokens > 0:
+                judged.cold_uncached_tokens += uncached_prefix_tokens
+                if prefix is not None and len(judged.cold_prefixes) < 1024:
+                    judged.cold_prefixes.add(prefix)
             judged.cold_done += 1
             if judged.cold_done < cold:
                 return
@@ -228,6 +268,15 @@ class LiveVerdict:
             if judged.cold_prompt_tokens:
                 cold.update(prompt_tokens=judged.cold_prompt_tokens,
                             cached_tokens=judged.cold_cached_tokens)
+            before = judged.pre.prefix.before if judged.pre.prefix is not None else None
+            if before is not None:  # measured against the warm requests before this start
+                cold.update(uncached_prefix_tokens=judged.cold_uncached_tokens,
+                            prefixes=len(judged.cold_prefixes),
+                            warm_requests=before.requests,
+                            warm_cached_share=round(before.cached_share or 0.0, 4))
+                if judged.cold_uncached_tokens and judged.vocab is None \
+                        and judged.vocab_error is None:  # the warm-up's route, in its words
+                    judged.vocab, judged.vocab_error, judged.vocab_note = _vocabulary()
             record = dict(judged.record, cold=cold)
             result = diagnosis.judge(record, judged.earlier,
                                      phase=semconv.VERDICT_PHASE_COLD_REQUESTS,
@@ -293,6 +342,7 @@ class LiveVerdict:
     def close(self) -> None:
         """Judge nothing more; the gauge stops reporting this process's verdict."""
         self._closed = True
+        bounded_export.forget_before_exit_flush(self._save_prefixes)
         if self._feed is not None:
             metrics.stop_feeding(self._feed, self._observe)
             self._feed = None
@@ -303,38 +353,6 @@ class LiveVerdict:
         self._preload = self._judged = self._latest = None
 
 
-def config_summary(vllm_config: Any) -> dict[str, str]:
-    """The arguments a start is compared by, as strings, with vLLM's and torch's versions."""
-    out: dict[str, str] = {}
-    for part, names in _KEY_FIELDS.items():
-        section = getattr(vllm_config, part, None)
-        for name in names:
-            value = getattr(section, name, None) if section is not None else None
-            if value is not None:
-                out[f"{part}.{name}"] = str(value)[:200]
-    out["lora"] = str(getattr(vllm_config, "lora_config", None) is not None)
-    for module in ("vllm", "torch"):
-        version = getattr(sys.modules.get(module), "__version__", None)
-        if version:
-            out[f"{module}.version"] = str(version)
-    return out
-
-
-def _key(summary: dict[str, str]) -> str:
-    import hashlib
-    import json
-
-    return hashlib.sha256(json.dumps(summary, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _served_name(vllm_config: Any) -> str | None:
-    model = getattr(vllm_config, "model_config", None)
-    name = getattr(model, "served_model_name", None) or getattr(model, "model", None)
-    if isinstance(name, (list, tuple)):
-        name = name[0] if name else None
-    return str(name) if name else None
-
-
 def _load(pre: _Preload) -> None:
     try:
         try:
@@ -343,9 +361,13 @@ def _load(pre: _Preload) -> None:
             root = str(envs.VLLM_CACHE_ROOT)
         except Exception:  # noqa: BLE001 - no vLLM cache root: only an explicit path
             root = None
+        if root:  # before this start compiles: what the compile will find
+            pre.compile_cache = compile_cache.inspect(root)
         pre.path = history.default_path(root)
         pre.loaded = history.load(pre.path) if pre.path else history.Loaded(
             problem="no history path (VLLM_CACHE_ROOT unknown)", ours=False)
+        if pre.prefix is not None and pre.path is not None:
+            pre.prefix.load(prefix_memory.path_beside(pre.path))
         if pre.path and not pre.loaded.records and pre.loaded.problem is None:
             pre.loaded.problem = history_storage.lost_note(pre.path)  # a container's own disk
     except Exception as exc:  # noqa: BLE001 - never an error for the server
@@ -373,7 +395,11 @@ def _record(diagnosis: Any, pre: _Preload, trace_hex: str, start_ns: int, end_ns
     ratio = part["resident_ratio"]
     storage = part["shard_bytes"] * (1.0 - ratio) if ratio is not None else part["shard_bytes"]
     hits = part["compile_hits"]
-    facts = part["facts"]
+    facts = dict(part["facts"])
+    if pre.compile_cache is not None:  # what the compile found, for the fix to say
+        facts["compile_cache"] = pre.compile_cache.summary(facts.get("compile_cache_dir"))
+    if part.get("shard_paths"):
+        facts["shard_paths"] = part["shard_paths"]
     return {
         "id": trace_hex, "key": pre.key, "model": pre.model, "kind": "start",
         "at": round(time.time(), 3), "started_at": round(start_ns / 1e9, 3),

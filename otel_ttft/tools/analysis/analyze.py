@@ -87,7 +87,10 @@ def analyze(collected: Collected, *, baseline: str | None = None, run_id: str | 
     # Prefill of prompt tokens the baseline found in the prefix cache: its own sub-stage.
     by_scenario = {name: [r for r in records if r["scenario"] == name] for name in names}
     for name, base in bases.items():
-        split = iter(prefix.split(by_scenario[name], by_scenario[base]))
+        rows, base_rows = by_scenario[name], by_scenario[base]
+        if not replayed:  # live traffic: each model's first requests against its warm ones
+            rows, base_rows = _live_labels(rows), _live_labels(base_rows)
+        split = iter(_unlabelled(r) for r in prefix.split(rows, base_rows))
         records = [next(split) if r["scenario"] == name else r for r in records]
     scenarios = summarize(records)
     verdicts = []
@@ -111,6 +114,23 @@ def analyze(collected: Collected, *, baseline: str | None = None, run_id: str | 
     if changes:
         change.attach(doc, collected.activations)  # each verdict's concrete change
     return doc
+
+
+LIVE_PROMPT = "live traffic"
+
+
+def _live_labels(rows: list[dict]) -> list[dict]:
+    """Live requests carry no replay prompt label: one label for all of a model's, so their
+    cached share is compared with its warm requests'. A request the server already split (its
+    span carries ``prefill.uncached_prefix``, measured against the warm requests before the
+    activation) is not split again."""
+    return [r if r.get("prompt") is not None
+            or prefix.UNCACHED in r["substages"] else {**r, "prompt": LIVE_PROMPT}
+            for r in rows]
+
+
+def _unlabelled(row: dict) -> dict:
+    return {**row, "prompt": None} if row.get("prompt") == LIVE_PROMPT else row
 
 
 def _cold_requests(runs: dict, request: RequestSummary) -> int:

@@ -244,6 +244,9 @@ def _dict(value: Any) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
+_MAX_SHARD_PATHS = 64
+
+
 def _activation(root: SpanNode) -> ActivationSummary:
     a = root.attributes
     shard_bytes, weighted, weight, hits = 0, 0.0, 0, []
@@ -269,6 +272,10 @@ def _activation(root: SpanNode) -> ActivationSummary:
             if ratio is not None:
                 weighted += ratio * max(size, 1)
                 weight += max(size, 1)
+            path = _str(attrs.get(semconv.ATTR_SHARD_PATH))
+            paths = facts.setdefault("shard_paths", [])
+            if path and path not in paths and len(paths) < _MAX_SHARD_PATHS:
+                paths.append(path)  # the exact files a page-cache warm-up reads
         load_bytes = max(load_bytes, _int(attrs.get(semconv.ATTR_LOAD_BYTES)) or 0)
         hit = attrs.get(semconv.ATTR_COMPILE_CACHE_HIT)
         if isinstance(hit, bool):
@@ -319,6 +326,7 @@ def _request(node: SpanNode) -> RequestSummary | None:
     model = _str(ca.get(semconv.GEN_AI_REQUEST_MODEL)) or _str(
         a.get(semconv.GEN_AI_REQUEST_MODEL))
     first = (_int(a.get(semconv.ATTR_REQUEST_ACTIVATION_INDEX)) == 1
+             or a.get(semconv.ATTR_REQUEST_COLD) is True  # among the server's cold requests
              or (_seconds(a.get(semconv.ATTR_REQUEST_COMPILE_SECONDS)) or 0) > 0
              or (_seconds(a.get(semconv.ATTR_REQUEST_FIRST_USE_SECONDS)) or 0) > 0
              or (_seconds(a.get(semconv.ATTR_LORA_LOAD_SECONDS)) or 0) > 0)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 
 from otel_ttft import semconv
+from otel_ttft.runtime.hooks import activation
 from otel_ttft.runtime.hooks.registry import Hook, report_failure
 from otel_ttft.runtime.hooks.request import api, engine, graphs, worker
 from otel_ttft.runtime.state import PartSpec
@@ -88,6 +89,7 @@ _FINISH = next(h for h in HOOKS if h.name == "request.finish")
 PARTS: list[PartSpec] = [
     # a failure of ours outside any wrapper (the deferred emission) is the finish hook's
     PartSpec(API, lambda ps: api.ApiRequests(ps, functools.partial(report_failure, _FINISH))),
-    PartSpec(ENGINE, lambda ps: engine.EngineRequests()),
+    PartSpec(ENGINE, lambda ps: engine.EngineRequests(ps.config.cold_requests,
+                                                      ps.part(activation.PART))),
     PartSpec(WORKER_PART, lambda ps: worker.WorkerSteps()),
 ]

@@ -27,6 +27,9 @@ from otel_ttft.runtime.hooks.request.payload import (
 from otel_ttft.runtime.hooks.request.runqueue import RunQueueClock
 
 _MAX_TRACKED = 65536
+#: one warm request in this many ships its prompt's block hashes (the prefix baseline's sample);
+#: every request of the cold window does
+PREFIX_SAMPLE_EVERY = 8
 _ENGINE_WAIT_MIN_S = 0.001  # shorter waits are not shipped (the verdict's bar is higher)
 
 
@@ -35,8 +38,13 @@ class EngineRequests:
     first output; whether some scheduler here runs with vLLM's stats logging off; EngineCore's
     run-queue clock and where the current step's window began."""
 
-    def __init__(self) -> None:
+    def __init__(self, cold_requests: int = 0, activations: Any = None) -> None:
         self.noted: dict[str, EnginePayload] = {}
+        self.cold_requests = cold_requests
+        self.cold_left = cold_requests  # requests since this EngineCore started, still cold
+        self.arrivals = 0
+        self.activations = activations  # the activation part: a wake-up is its ``latest``
+        self.counted: Any = None
         self.own_admission_times = False
         self.run_queue = RunQueueClock()  # EngineCore's thread: its wait for a CPU
         self.step_start: tuple[float, float] | None = None  # (monotonic, run-queue s) at schedule
@@ -55,6 +63,20 @@ class EngineRequests:
             for key in list(self.noted)[: _MAX_TRACKED // 2]:
                 self.noted.pop(key, None)
         self.noted[rid] = entry
+
+    def wants_prefix(self) -> bool:
+        """Whether this arriving request's block hashes ride to the API server: every one of
+        the first ``cold_requests`` since EngineCore started or woke (the ones a cold prefix
+        cache may have cost), and one in ``PREFIX_SAMPLE_EVERY`` after (what warm requests
+        find cached: the baseline). The rest cost a counter."""
+        latest = self.activations.latest if self.activations is not None else None
+        if latest is not self.counted:  # a wake-up here: its first requests are cold again
+            self.counted, self.cold_left = latest, self.cold_requests
+        if self.cold_left > 0:
+            self.cold_left -= 1
+            return True
+        self.arrivals += 1
+        return self.arrivals % PREFIX_SAMPLE_EVERY == 0
 
     def run_queue_mark(self) -> tuple[float, float] | None:
         queued = self.run_queue.seconds()
@@ -131,9 +153,14 @@ def wrap_scheduler_add_request(part: EngineRequests, call: Callable[..., Any], i
         running, waiting = instance.get_request_counts()
         pool = instance.kv_cache_manager.block_pool
         lora = request.lora_request
-        part.arrived(rid, EnginePayload(time.monotonic(), waiting, running,
-                                        pool.get_num_free_blocks(), pool.num_gpu_blocks,
-                                        lora_id=lora.lora_int_id if lora is not None else 0))
+        entry = EnginePayload(time.monotonic(), waiting, running, pool.get_num_free_blocks(),
+                              pool.num_gpu_blocks,
+                              lora_id=lora.lora_int_id if lora is not None else 0)
+        hashes = getattr(request, "block_hashes", None)  # vLLM's own, made with the request
+        if hashes and part.wants_prefix():
+            entry.block_hashes = hashes
+            entry.hash_tokens = getattr(instance, "hash_block_size", 0) or 0
+        part.arrived(rid, entry)
     return call(*args, **kwargs)
 
 

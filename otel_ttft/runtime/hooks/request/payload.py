@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from math import isfinite
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 
@@ -122,6 +122,28 @@ class WorkerNotes:
     steps: list[PrefillStep]
 
 
+#: blocks of a prompt whose hashes ride along (vLLM's hash block size each: 16 tokens -> 4,096)
+MAX_PREFIX_BLOCKS = 256
+PREFIX_HASH_BYTES = 8  # of each vLLM block hash: a 64-bit prefix of its chained digest
+
+
+class PrefixBlocks(msgspec.Struct, array_like=True, frozen=True):
+    """The start of vLLM's own block hashes of a request's prompt (``Request.block_hashes``,
+    chained: each fingerprints the whole prefix up to its block's end), for the few requests the
+    prefix baseline needs (``engine.EngineRequests.wants_prefix``)."""
+
+    tokens: int
+    """Tokens per hashed block (the scheduler's ``hash_block_size``)."""
+    digests: bytes
+    """The first ``PREFIX_HASH_BYTES`` of each block's hash, in prompt order, end to end (one
+    string on the wire: a list of short strings costs EngineCore ten times as much)."""
+
+    @property
+    def hashes(self) -> list[bytes]:
+        n = PREFIX_HASH_BYTES
+        return [self.digests[i:i + n] for i in range(0, len(self.digests), n)]
+
+
 @dataclass(slots=True)
 class EnginePayload:
     """One request as EngineCore saw it until its first output (``time.monotonic()`` seconds).
@@ -142,14 +164,29 @@ class EnginePayload:
     engine_waits: list[EngineWait] | tuple[()] = field(default_factory=list)
     graph: GraphChoice | None = None  # its first prefill step's CUDA-graph decision
     lora_id: int = 0  # its adapter's ``lora_int_id`` (0: none); EngineCore only, not shipped
+    block_hashes: Any = None
+    """vLLM's ``Request.block_hashes`` list (referenced, never copied at arrival) when this
+    request's prefix is wanted, with ``hash_tokens``. EngineCore-side only: shipped as
+    ``prefix``."""
+    hash_tokens: int = 0
+    prefix: PrefixBlocks | None = None
+    """The API side's reading of them."""
+
+
+def _prefix_blocks(p: EnginePayload) -> PrefixBlocks | None:
+    if not p.block_hashes or p.hash_tokens <= 0:
+        return None
+    n = PREFIX_HASH_BYTES
+    return PrefixBlocks(p.hash_tokens,
+                        b"".join([h[:n] for h in p.block_hashes[:MAX_PREFIX_BLOCKS]]))
 
 
 def encode(p: EnginePayload) -> str:
     """The header value: ``[VERSION, queued, attempts, waiting, running, free, total, schedule,
-    adapter, compile, steps, engine_waits, graph]`` as compact JSON."""
+    adapter, compile, steps, engine_waits, graph, prefix]`` as compact JSON."""
     return _encode(_Wire(VERSION, p.queued, p.attempts, p.waiting, p.running, p.free, p.total,
                          p.schedule, p.adapter, p.compile, p.steps, p.engine_waits,
-                         p.graph)).decode()
+                         p.graph, _prefix_blocks(p))).decode()
 
 
 _Count = Annotated[int, msgspec.Meta(ge=0)]
@@ -171,6 +208,7 @@ class _Wire(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     steps: list[StepTime]
     engine_waits: list[EngineWait]
     graph: GraphChoice | None
+    prefix: PrefixBlocks | None = None
 
 
 _encode = msgspec.json.Encoder().encode
@@ -195,7 +233,10 @@ def _valid(w: _Wire) -> bool:
                                    g.max_piecewise) >= 0
                                and len(g.mode) <= 32 and len(g.source) <= 32))
             and all(_finite(e.start, e.end, e.queued) and e.queued >= 0
-                    for e in w.engine_waits))
+                    for e in w.engine_waits)
+            and (w.prefix is None or (w.prefix.tokens > 0 and len(w.prefix.digests)
+                                      <= MAX_PREFIX_BLOCKS * PREFIX_HASH_BYTES
+                                      and len(w.prefix.digests) % PREFIX_HASH_BYTES == 0)))
 
 
 def decode(value: str) -> EnginePayload | None:
@@ -212,4 +253,4 @@ def decode(value: str) -> EnginePayload | None:
     # compiled): the API process keeps a payload as long as its request, untracked by the GC.
     return EnginePayload(w.queued, w.waiting, w.running, w.free, w.total, w.attempts,
                          w.schedule or (), w.adapter, w.compile or (), w.steps or (),
-                         w.engine_waits or (), w.graph)
+                         w.engine_waits or (), w.graph, prefix=w.prefix)

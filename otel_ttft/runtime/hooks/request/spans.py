@@ -4,6 +4,7 @@ with explicit start and end times (as vLLM's own ``do_tracing``)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -123,6 +124,7 @@ class RequestEmitter:
         fills = self.fills.within(rec.arrival, next(
             t for t in (queued, rec.first_tok, ttft_end, end) if t is not None))
         warmup = _warmup_spans(eng, fills)
+        was_cold = rec.cold  # among the first after its activation, before warm-up says so
         if warmup:
             rec.cold = True  # it waited for warm-up work (a compile, its adapter's load, a cache)
         error = rec.rejected or rec.error
@@ -147,6 +149,10 @@ class RequestEmitter:
                   else stage_durations(rec.arrival, queued, schedule, rec.first_tok, ttft_end))
         if first_decode is not None:
             stages[semconv.STAGE_FIRST_DECODE] = first_decode[1] - first_decode[0]
+        uncached = (self._uncached_prefix(rec, eng, was_cold, schedule, stages)
+                    if eng is not None and eng.prefix is not None else None)
+        if uncached is not None:
+            warmup.append(uncached.span)
         ctx = NO_SPAN
         if wanted:
             span = self.tracer.start_span(semconv.SPAN_REQUEST, context=context, kind=kind,
@@ -154,6 +160,8 @@ class RequestEmitter:
                                           links=activation_links(rec))
             if span.is_recording():
                 span.set_attributes(span_attributes(rec, eng, ttft, schedule, stages, fills))
+                if uncached is not None:
+                    span.set_attributes(uncached.attributes)
                 for name, ts, attrs in preemption_events(rec, schedule):
                     span.add_event(name, attrs, timestamp=ns(ts))
                 if detail is not None:
@@ -173,8 +181,37 @@ class RequestEmitter:
                             eng.waiting if eng is not None else None, usage,
                             context=ctx, operation=operation_name(rec.ext_id))
         if rec.cold_index:
-            self.verdict.request_done(rec.activation, rec.cold_index, ttft, stages, warmup,
-                                      prompt_tokens=rec.prompt_len, cached_tokens=rec.cached)
+            self.verdict.request_done(
+                rec.activation, rec.cold_index, ttft, stages, warmup,
+                prompt_tokens=rec.prompt_len, cached_tokens=rec.cached,
+                uncached_prefix_tokens=uncached.tokens if uncached is not None else 0,
+                prefix=uncached.prefix if uncached is not None else None)
+
+    def _uncached_prefix(self, rec: RequestRecord, eng: EnginePayload, cold: bool,
+                         schedule: list[tuple[str, float]], stages: dict[str, float]
+                         ) -> UncachedPrefix | None:
+        """The prefix-cache baseline sees the request's block hashes (what it found cached);
+        for a cold one, the prefill of the prompt tokens whose prefix warm requests had found
+        cached before the activation and this request computed: ``prefill.uncached_prefix``,
+        at the start of its prefill (time linear in the tokens computed, as ``analyze``)."""
+        prefix = eng.prefix
+        seen = self.verdict.prefix_seen(rec.activation, cold, rec.prompt_len, rec.cached,
+                                        prefix.hashes, prefix.tokens)
+        if seen is None or not seen.tokens or not rec.prompt_len or rec.cached is None:
+            return None
+        tokens = min(seen.tokens, rec.prompt_len) - rec.cached
+        computed = rec.prompt_len - rec.cached
+        prefill = stages.get(semconv.STAGE_PREFILL, 0.0)
+        start = first_scheduled(schedule)
+        if tokens <= 0 or computed <= 0 or prefill <= 0 or start is None:
+            return None
+        seconds = prefill * tokens / computed
+        attrs = {semconv.ATTR_REQUEST_UNCACHED_PREFIX_TOKENS: tokens}
+        return UncachedPrefix(
+            tokens, seen.prefix, (semconv.SPAN_PREFILL_UNCACHED_PREFIX,
+                                  semconv.STAGE_PREFILL_UNCACHED_PREFIX, start, start + seconds,
+                                  attrs),
+            {**attrs, semconv.ATTR_REQUEST_UNCACHED_PREFIX_SECONDS: seconds})
 
 
 def activation_links(rec: RequestRecord) -> list[Link]:
@@ -187,6 +224,16 @@ def activation_links(rec: RequestRecord) -> list[Link]:
 
 
 Warmup = tuple[str, str, float, float, dict[str, Any]]  # span name, stage, start, end, attrs
+
+
+@dataclass(frozen=True, slots=True)
+class UncachedPrefix:
+    """A cold request's prefill of a prefix that was cached before its activation."""
+
+    tokens: int
+    prefix: str | None  # its deepest known block: which prefix (a hash, never text)
+    span: Warmup  # the child span under Prefill, as warm-up work is placed
+    attributes: dict[str, Any]  # on the request span
 
 
 def _warmup_spans(eng: EnginePayload | None, fills: list[first_use.Fill] = ()
