@@ -91,7 +91,8 @@ def test_each_start_explains_itself(receiver, tiny_model, tmp_path):
     lines = _verdict_lines(log)
     assert len(lines) == 2 and all("no baseline yet" in line for line in lines), lines
     assert first_child["attributes"][semconv.ATTR_VERDICT_PHASE] == "cold_requests"
-    (saved,) = activation_history.load(history).records
+    # the start's own record (the stop's eviction is a record of kind "switch" beside it)
+    (saved,) = [r for r in activation_history.load(history).records if r.get("kind") == "start"]
     assert saved["id"] == first.trace_id and saved["cold"]["requests"] == COLD
 
     # 2. The same start with its memory profiling run made slow (a delay planted in vLLM's CPU

@@ -165,3 +165,9 @@ def test_enginecore_counts_a_wake_up_as_a_new_cold_window():
     assert [part.wants_prefix() for _ in range(3)] == [True, True, False]
     acts.latest = object()  # a wake-up ended here
     assert [part.wants_prefix() for _ in range(3)] == [True, True, False]
+
+
+def test_models_saved_in_the_same_millisecond_keep_the_newest(tmp_path, monkeypatch):
+    """A tie on the saved time (a fast host, a coarse clock) keeps the file's newest-first order."""
+    monkeypatch.setattr(pm.time, "time", lambda: 1_000.0)
+    test_blocks_per_model_and_models_are_bounded(tmp_path, monkeypatch)

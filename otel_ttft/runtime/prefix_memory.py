@@ -219,9 +219,10 @@ class PrefixMemory:
                 return problem or f"{path} is not ours"
             models = dict((data or {}).get("models") or {})
             models.pop(key, None)
-            # this model first, then the others newest first (a later one in the file on a tie)
+            # this model first, then the others newest first; on a tie (the same millisecond)
+            # the file's own order, which this write keeps newest first
             others = sorted(enumerate(models.items()), key=lambda ikv: (
-                -(ikv[1][1].get("at") or 0) if isinstance(ikv[1][1], dict) else 0, -ikv[0]))
+                -(ikv[1][1].get("at") or 0) if isinstance(ikv[1][1], dict) else 0, ikv[0]))
             newest = [(key, entry), *(kv for _, kv in others)][:MAX_MODELS]
             while True:
                 text = json.dumps({"format": FORMAT, "version": VERSION,
