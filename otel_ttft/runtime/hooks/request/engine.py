@@ -10,6 +10,7 @@ the API process as the ``payload`` of the request's first ``EngineCoreOutput``.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -50,7 +51,7 @@ class EngineRequests:
         self.step_start: tuple[float, float] | None = None  # (monotonic, run-queue s) at schedule
         # when the latest steps were handed to the workers (schedule returned), oldest first:
         # with async scheduling the next step is handed before the last one's output is in
-        self.handed: list[float] = []
+        self.handed: deque[float] = deque(maxlen=8)
 
     def close(self) -> None:
         self.run_queue.close()
@@ -122,7 +123,6 @@ class EngineRequests:
     def hand_off(self) -> None:
         """A step goes to the workers now (while some request waits for its first token)."""
         self.handed.append(time.monotonic())
-        del self.handed[:-8]
 
     def charge_steps(self, timed: list[PrefillStep], received: float = 0.0) -> None:
         """Each timed step goes to the requests whose prefill it ran (and still wait for their
