@@ -229,3 +229,13 @@ def store_copy(pristine_store: Path, tmp_path: Path) -> Path:
     from tests.hostile_store import copy_store
 
     return copy_store(pristine_store, tmp_path / "store")
+
+
+@pytest.fixture(autouse=True)
+def _close_test_states() -> Iterator[None]:
+    """Every process state a test made through ``tests/request_engine.process_state`` is
+    closed after it, as ``_uninstrument`` closes the real one."""
+    yield
+    from tests.request_engine import close_states
+
+    close_states()

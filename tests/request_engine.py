@@ -30,12 +30,23 @@ def our_tracer() -> Any:
     return trace.get_tracer("otel_ttft", tracer_provider=_config[0].tracer_provider)
 
 
+_made: list[Any] = []  # the states made during one test: closed after it (conftest)
+
+
 def process_state() -> Any:
-    """A process's state as ``_instrument`` builds it, from the test's config."""
+    """A process's state as ``_instrument`` builds it, from the test's config; closed after the
+    test (an open state keeps its stage-metrics part and identity open for every later test)."""
     from otel_ttft.runtime.hooks import all_parts
     from otel_ttft.runtime.state import ProcessState
 
-    return ProcessState(_config[0], all_parts())
+    _made.append(ProcessState(_config[0], all_parts()))
+    return _made[-1]
+
+
+def close_states() -> None:
+    """Close the states the test made, newest first."""
+    while _made:
+        _made.pop().close()
 
 
 def api_part() -> Any:
